@@ -1,0 +1,79 @@
+# mmvitswin: one-command environment, demo, tests and benchmark.
+#   make install   .venv from nothing: torch ($(TORCH_SPEC)), mmcv $(MMCV_VERSION) compiled with ops, mmvitswin[tests]
+#   make demo      train + evaluate Mask R-CNN Swin on the generated "shapes" data
+#   make test      the whole pytest suite
+#   make bench     the standard speed/memory benchmark against mmdet's Swin
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+MMCV_VERSION ?= 2.1.0
+# Built mmcv wheels are kept here, one folder per torch version, and reused by the next install.
+WHEEL_DIR ?= $(HOME)/.cache/mmvitswin/wheels
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+STAMP := $(VENV)/.stamps
+
+.PHONY: install test demo bench clean reinstall-mmcv
+
+install: $(STAMP)/package
+	@$(BIN)/python tools/check_mmcv_ops.py
+
+$(STAMP)/venv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip "setuptools<70" wheel ninja
+	@mkdir -p $(STAMP) && touch $@
+
+# The torch stamp remembers the spec, so a different TORCH_SPEC reinstalls torch (and mmcv).
+$(STAMP)/torch: $(STAMP)/venv
+	@if [ "$$(cat $@ 2>/dev/null)" != "$(TORCH_SPEC)" ]; then \
+		$(BIN)/pip install "$(TORCH_SPEC)" && echo "$(TORCH_SPEC)" > $@ && rm -f $(STAMP)/mmcv; \
+	fi
+	@test -f $@
+
+# mmcv has no wheel for recent torch: compile it with ops against the torch in this venv.
+# --no-build-isolation is essential: with isolation it builds silently WITHOUT ops.
+$(STAMP)/mmcv: $(STAMP)/torch
+	@# torch asks for setuptools>=77, which dropped pkg_resources; mmcv's setup.py needs it.
+	@if ! $(BIN)/python -c 'import pkg_resources, numpy' 2>/dev/null; then \
+		$(BIN)/pip install "setuptools<70" numpy; \
+	fi
+	@set -e; \
+	tv=$$($(BIN)/python -c 'import torch; print(torch.__version__)'); \
+	dir="$(WHEEL_DIR)/torch-$$tv"; \
+	whl=$$(ls "$$dir"/mmcv-$(MMCV_VERSION)-*.whl 2>/dev/null | head -n 1); \
+	if [ -z "$$whl" ]; then \
+		echo "Compiling mmcv $(MMCV_VERSION) with ops against torch $$tv (about 12 min on 2 cores)..."; \
+		mkdir -p "$$dir"; \
+		MMCV_WITH_OPS=1 FORCE_CUDA=$${FORCE_CUDA:-0} MAX_JOBS=$(JOBS) \
+			$(BIN)/pip wheel --no-build-isolation --no-deps --no-cache-dir \
+			"mmcv==$(MMCV_VERSION)" -w "$$dir"; \
+		whl=$$(ls "$$dir"/mmcv-$(MMCV_VERSION)-*.whl | head -n 1); \
+	else \
+		echo "Reusing compiled $$whl"; \
+	fi; \
+	$(BIN)/pip install --force-reinstall --no-deps "$$whl"; \
+	$(BIN)/pip install "$$whl"
+	$(BIN)/python tools/check_mmcv_ops.py
+	@touch $@
+
+$(STAMP)/package: $(STAMP)/mmcv setup.cfg pyproject.toml setup.py
+	$(BIN)/pip install -e ".[tests]"
+	# mmaction2's wheel pins deps we do not need; the Video Swin parity test only reads one file of it.
+	$(BIN)/pip install --no-deps "mmaction2==1.2.0"
+	@touch $@
+
+reinstall-mmcv:
+	rm -f $(STAMP)/mmcv $(STAMP)/package
+	$(MAKE) install
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+demo: install
+	$(BIN)/python tools/demo.py
+
+bench: install
+	$(BIN)/python tools/benchmark.py --preset standard --out-dir bench_out
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,13 @@
+"""mmvitswin: Swin, ViT-Adapter, hybrid ResNet+ViT and Video Swin backbones for OpenMMLab.
+
+Importing the package registers every module in mmvitswin's registries and bridges them into
+MMDetection's and MMSegmentation's (see :mod:`mmvitswin.registry`).
+"""
+from .version import __version__
+from . import datasets, engine, models  # noqa: F401  (registers every module)
+from .registry import DATASETS, HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, bridge_to_hosts
+
+bridge_to_hosts()
+
+__all__ = ['__version__', 'MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS', 'DATASETS', 'HOOKS',
+           'bridge_to_hosts']

@@ -1,0 +1,1 @@
+"""Embedded data generators (the synthetic "shapes" data)."""

@@ -1,0 +1,1 @@
+"""Training-time pieces registered into mmvitswin's (and the hosts') registries."""

@@ -1,0 +1,4 @@
+from .backbones import *  # noqa: F401,F403  (registers every backbone)
+from .backbones import __all__ as _backbones
+
+__all__ = list(_backbones)

@@ -1,0 +1,307 @@
+"""Swin Transformer backbone, state-dict compatible with mmdet 3.x and mmseg 1.x.
+
+Output-size rule: for an input ``(B, C, H, W)`` the patch embedding gives a grid of
+``ceil(H / patch_size) x ceil(W / patch_size)`` (zero padding at the bottom/right), and every
+patch merging halves it rounding up: stage ``i`` has ``ceil(H / (patch_size * 2**i))`` rows.
+Swin-T at 224x224 returns (96, 56, 56), (192, 28, 28), (384, 14, 14), (768, 7, 7).
+"""
+import warnings
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+
+from ...registry import MODELS
+from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA,
+                      drop_path_schedule, resize_pos_embed, to_tuple)
+from ..utils import build_act, build_layer_norm, check_image_input
+
+ARCH_ZOO: Dict[str, dict] = {
+    'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+    'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+    'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
+}
+ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large'}
+
+
+class SwinBlock(nn.Module):
+    """Pre-norm Swin block on channels-last ``x: (B, H, W, C)``: (S)W-MSA then FFN."""
+
+    def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, window: Tuple[int, ...],
+                 shift: Tuple[int, ...], qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
+                 act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
+                 with_cp: bool = False, clamp_to_input: bool = False):
+        super().__init__()
+        self.with_cp = with_cp
+        self.norm1 = build_layer_norm(norm_cfg, embed_dims)
+        self.attn = ShiftWindowMSA(embed_dims, num_heads, window, shift, qkv_bias=qkv_bias,
+                                   qk_scale=qk_scale, attn_drop=attn_drop_rate,
+                                   proj_drop=drop_rate, clamp_to_input=clamp_to_input)
+        self.norm2 = build_layer_norm(norm_cfg, embed_dims)
+        self.ffn = FFN(embed_dims, ffn_dims, drop=drop_rate, act_layer=build_act(act_cfg))
+        self.drop_path = DropPath(drop_path_rate)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.ffn(self.norm2(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class SwinStage(nn.Module):
+    """``depth`` blocks alternating W-MSA / SW-MSA, then an optional patch merging.
+
+    ``forward(x: (B, H, W, C))`` returns ``(stage output (B, H, W, C), next input or None)``.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, depth: int, window: Tuple[int, ...],
+                 mlp_ratio: float, drop_path_rates: Sequence[float],
+                 downsample: Optional[nn.Module] = None, **block_kwargs):
+        super().__init__()
+        shift = tuple(w // 2 for w in window)
+        no_shift = (0, ) * len(window)
+        self.blocks = nn.ModuleList([
+            SwinBlock(embed_dims, num_heads, int(mlp_ratio * embed_dims), window,
+                      no_shift if i % 2 == 0 else shift, drop_path_rate=drop_path_rates[i],
+                      **block_kwargs) for i in range(depth)
+        ])
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor):
+        for block in self.blocks:
+            x = block(x)
+        return x, (self.downsample(x) if self.downsample is not None else None)
+
+
+def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size, strides,
+                         out_indices, frozen_stages) -> None:
+    """Raise a ValueError/TypeError naming the bad argument (called by the constructor)."""
+    if len(depths) != len(num_heads):
+        raise ValueError(f'depths ({len(depths)} stages: {tuple(depths)}) and num_heads '
+                         f'({len(num_heads)} stages: {tuple(num_heads)}) must have the same length')
+    if len(strides) != len(depths):
+        raise ValueError(f'strides must have one entry per stage ({len(depths)}), got {strides}')
+    if strides[0] != patch_size:
+        raise ValueError(f'strides[0] ({strides[0]}) must equal patch_size ({patch_size}): the '
+                         'patch embedding is non-overlapping')
+    if any(s != 2 for s in strides[1:]):
+        raise ValueError(f'strides[1:] must all be 2 (patch merging), got {tuple(strides[1:])}')
+    for i, heads in enumerate(num_heads):
+        dims = embed_dims * 2**i
+        if heads < 1 or dims % heads != 0:
+            raise ValueError(f'embed_dims of stage {i} ({dims} = embed_dims * 2**{i}) must be '
+                             f'divisible by num_heads[{i}] ({heads})')
+    if any(d < 0 for d in depths):
+        raise ValueError(f'depths must be non-negative, got {tuple(depths)}')
+    for i in out_indices:
+        if not isinstance(i, int) or not 0 <= i < len(depths):
+            raise ValueError(f'out_indices must be stage indices in [0, {len(depths) - 1}], '
+                             f'got {tuple(out_indices)}')
+    if not -1 <= frozen_stages <= len(depths):
+        raise ValueError(f'frozen_stages must be in [-1, {len(depths)}], got {frozen_stages}')
+
+
+@MODELS.register_module()
+class SwinTransformer(BaseModule):
+    """Swin Transformer returning NCHW maps at strides 4/8/16/32 (for ``out_indices``).
+
+    Constructor: the union of mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` keyword
+    arguments with their defaults, plus ``arch`` ('tiny' | 'small' | 'base' | 'large', or a
+    dict) whose values explicit ``embed_dims`` / ``depths`` / ``num_heads`` override.
+
+    Pretrained weights: ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL)``; the format
+    (mmdet/mmseg, Microsoft release, timm old/new, with ``state_dict``/``model``/``module.``/
+    ``backbone.`` wrappers) is detected automatically and relative-position tables and the
+    absolute position embedding are resized to this model. ``convert_weights`` is accepted for
+    config compatibility and is no longer needed.
+    """
+
+    def __init__(self,
+                 arch='tiny',
+                 pretrain_img_size=224,
+                 in_channels: int = 3,
+                 embed_dims: Optional[int] = None,
+                 patch_size: int = 4,
+                 window_size: int = 7,
+                 mlp_ratio: float = 4,
+                 depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None,
+                 strides: Sequence[int] = (4, 2, 2, 2),
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None,
+                 patch_norm: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
+                 use_abs_pos_embed: bool = False,
+                 act_cfg: dict = dict(type='GELU'),
+                 norm_cfg: dict = dict(type='LN'),
+                 with_cp: bool = False,
+                 pretrained: Optional[str] = None,
+                 convert_weights: bool = False,
+                 frozen_stages: int = -1,
+                 init_cfg: Optional[dict] = None):
+        if pretrained is not None:
+            if init_cfg is not None:
+                raise ValueError('init_cfg and pretrained cannot be set at the same time')
+            if not isinstance(pretrained, str):
+                raise TypeError(f'pretrained must be a str (path or URL) or None, got '
+                                f'{type(pretrained).__name__}')
+            warnings.warn('pretrained is deprecated, use init_cfg=dict(type="Pretrained", '
+                          'checkpoint=...) instead', DeprecationWarning)
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        super().__init__(init_cfg=init_cfg)
+
+        preset = self._resolve_arch(arch)
+        embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
+        depths = tuple(preset['depths'] if depths is None else depths)
+        num_heads = tuple(preset['num_heads'] if num_heads is None else num_heads)
+        if isinstance(out_indices, int):
+            out_indices = (out_indices, )
+        out_indices = tuple(out_indices)
+        window = to_tuple(window_size, 2, 'window_size')
+        if not isinstance(in_channels, int) or in_channels < 1:
+            raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
+        if not isinstance(patch_size, int) or patch_size < 1:
+            raise ValueError(f'patch_size must be a positive int, got {patch_size!r}')
+        validate_swin_config(embed_dims, depths, num_heads, patch_size, window, tuple(strides),
+                             out_indices, frozen_stages)
+
+        self.arch_settings = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads)
+        self.pretrain_img_size = to_tuple(pretrain_img_size, 2, 'pretrain_img_size')
+        self.in_channels = in_channels
+        self.patch_size = patch_size
+        self.window_size = window
+        self.depths = depths
+        self.num_heads = num_heads
+        self.out_indices = out_indices
+        self.use_abs_pos_embed = use_abs_pos_embed
+        self.convert_weights = convert_weights  # accepted for mmdet configs; detection is automatic
+        self.frozen_stages = frozen_stages
+        self.num_layers = len(depths)
+        self.num_features = [int(embed_dims * 2**i) for i in range(self.num_layers)]
+
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, (patch_size, patch_size),
+                                      norm=patch_norm, proj_name='projection')
+        if use_abs_pos_embed:
+            self.pretrain_grid = tuple(s // patch_size for s in self.pretrain_img_size)
+            self.absolute_pos_embed = nn.Parameter(
+                torch.zeros(1, self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims))
+        self.drop_after_pos = nn.Dropout(drop_rate)
+
+        rates = drop_path_schedule(drop_path_rate, depths)
+        block_kwargs = dict(qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
+                            attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, norm_cfg=norm_cfg,
+                            with_cp=with_cp)
+        self.stages = nn.ModuleList()
+        for i in range(self.num_layers):
+            dims = self.num_features[i]
+            downsample = None
+            if i < self.num_layers - 1:
+                downsample = PatchMerging(dims, 2 * dims, stride=strides[i + 1])
+                if norm_cfg is not None:
+                    downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
+            self.stages.append(
+                SwinStage(dims, num_heads[i], depths[i], window, mlp_ratio, rates[i],
+                          downsample=downsample, **block_kwargs))
+        for i in out_indices:
+            self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
+        self._init_random()
+        self._freeze_stages()
+
+    @staticmethod
+    def _resolve_arch(arch) -> dict:
+        if isinstance(arch, dict):
+            missing = {'embed_dims', 'depths', 'num_heads'} - set(arch)
+            if missing:
+                raise ValueError(f'arch dict is missing {sorted(missing)}')
+            return arch
+        if not isinstance(arch, str):
+            raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
+        name = ARCH_ALIASES.get(arch.lower(), arch.lower())
+        if name not in ARCH_ZOO:
+            raise ValueError(f'arch must be one of {sorted(ARCH_ZOO)} (or a dict), got {arch!r}')
+        return ARCH_ZOO[name]
+
+    # ----------------------------------------------------------------------------- weights
+    def _init_random(self) -> None:
+        """Truncated-normal init for linear layers and tables, as mmdet's ``init_weights``."""
+        if self.use_abs_pos_embed:
+            nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def init_weights(self) -> None:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            from ...checkpoint import load_pretrained
+            load_pretrained(self, cfg['checkpoint'], prefix=cfg.get('prefix'))
+            self._is_init = True
+        elif cfg is None:
+            self._init_random()
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    # ------------------------------------------------------------------------------ modes
+    def train(self, mode: bool = True) -> 'SwinTransformer':
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def frozen_modules(self):
+        """Modules frozen by ``frozen_stages``, in the order mmdet freezes them."""
+        if self.frozen_stages < 0:
+            return []
+        mods = [self.patch_embed, self.drop_after_pos]
+        for i in range(1, self.frozen_stages + 1):
+            if i - 1 in self.out_indices:
+                mods.append(getattr(self, f'norm{i - 1}'))
+            mods.append(self.stages[i - 1])
+        return mods
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages >= 0 and self.use_abs_pos_embed:
+            self.absolute_pos_embed.requires_grad = False
+        for m in self.frozen_modules():
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    # ---------------------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of (B, C_i, H_i, W_i)."""
+        check_image_input(x, self.in_channels)
+        x, grid = self.patch_embed(x)  # (B, Hp, Wp, C)
+        if self.use_abs_pos_embed:
+            pos = resize_pos_embed(self.absolute_pos_embed, self.pretrain_grid, grid)
+            x = x + pos.view(1, grid[0], grid[1], -1)
+        x = self.drop_after_pos(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            out, x = stage(x)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(out)
+                outs.append(out.permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    # ------------------------------------------------------------------------ checkpoints
+    def convert_checkpoint(self, state_dict):
+        """Any supported Swin state dict -> this model's keys and sizes (used by init_cfg)."""
+        from ...checkpoint.swin import adapt_swin_state_dict, convert_swin_state_dict
+        converted, _ = convert_swin_state_dict(state_dict)
+        return adapt_swin_state_dict(converted, self)

@@ -1,0 +1,94 @@
+"""Patch embedding (2-D/3-D, corner padding) and Swin patch merging."""
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .window import to_tuple
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patch embedding for images ``(B, C, H, W)`` or clips ``(B, C, T, H, W)``.
+
+    The input is zero-padded at the bottom/right (and end of time) to a multiple of the patch
+    ("corner" padding, as mmdet's AdaptivePadding), so any size works and the output grid is
+    ``ceil(size / patch)``. Returns channels-last tokens ``(B, *grid, embed_dims)`` and the grid.
+
+    ``proj_name`` names the conv submodule (mmdet: ``projection``; mmaction2/timm: ``proj``) so
+    state-dict keys match the checkpoints of each family without renaming.
+    """
+
+    def __init__(self, in_channels: int = 3, embed_dims: int = 96,
+                 patch_size: Sequence[int] = (4, 4), norm: bool = True,
+                 proj_name: str = 'projection', bias: bool = True):
+        super().__init__()
+        self.patch_size = tuple(patch_size)
+        conv = {2: nn.Conv2d, 3: nn.Conv3d}[len(self.patch_size)]
+        self.proj_name = proj_name
+        self.add_module(proj_name, conv(in_channels, embed_dims, kernel_size=self.patch_size,
+                                        stride=self.patch_size, bias=bias))
+        self.norm = nn.LayerNorm(embed_dims) if norm else None
+
+    @property
+    def conv(self) -> nn.Module:
+        return getattr(self, self.proj_name)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, ...]]:
+        spatial = x.shape[2:]
+        pads = [(-s) % p for s, p in zip(spatial, self.patch_size)]
+        if any(pads):
+            flat = []
+            for p in reversed(pads):
+                flat += [0, p]
+            x = F.pad(x, flat)
+        x = self.conv(x)
+        grid = tuple(x.shape[2:])
+        x = x.flatten(2).transpose(1, 2)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x.reshape(x.shape[0], *grid, x.shape[-1]), grid
+
+
+class PatchMerging(nn.Module):
+    """Halve the spatial resolution (last two spatial dims) and project 4C -> out_channels.
+
+    Odd sizes are zero-padded at the bottom/right first, so the output is ``ceil(size / 2)``.
+    ``channel_order`` fixes how the 2x2 neighbours are laid out in the 4C vector, which is what
+    the weights of ``reduction`` were trained against:
+
+    - ``'unfold'`` (mmdet/mmseg): channel-major, ``[c, dy, dx]`` (``nn.Unfold`` order);
+    - ``'microsoft'`` (Microsoft, timm, mmaction2): neighbour-major, ``[(0,0), (1,0), (0,1),
+      (1,1)][k] * C + c``.
+
+    Input and output are channels-last: ``(B, ..., H, W, C) -> (B, ..., H', W', out)``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: Optional[int] = None,
+                 stride: int = 2, channel_order: str = 'unfold'):
+        super().__init__()
+        if channel_order not in ('unfold', 'microsoft'):
+            raise ValueError(f"channel_order must be 'unfold' or 'microsoft', got {channel_order!r}")
+        self.stride = to_tuple(stride, 2, 'stride')
+        if self.stride != (2, 2):
+            # Both reference families merge 2x2; a different stride would need new weights.
+            raise ValueError(f'PatchMerging supports stride 2 only, got {stride!r}')
+        out_channels = out_channels or 2 * in_channels
+        self.channel_order = channel_order
+        self.norm = nn.LayerNorm(4 * in_channels)
+        self.reduction = nn.Linear(4 * in_channels, out_channels, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        *lead, h, w, c = x.shape
+        if h % 2 or w % 2:
+            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+            h, w = h + h % 2, w + w % 2
+        x = x.reshape(*lead, h // 2, 2, w // 2, 2, c)
+        nl = len(lead)
+        hdim, dy, wdim, dx, cdim = nl, nl + 1, nl + 2, nl + 3, nl + 4
+        if self.channel_order == 'unfold':
+            order = (*range(nl), hdim, wdim, cdim, dy, dx)
+        else:
+            order = (*range(nl), hdim, wdim, dx, dy, cdim)
+        x = x.permute(*order).reshape(*lead, h // 2, w // 2, 4 * c)
+        return self.reduction(self.norm(x))

@@ -1,0 +1,148 @@
+"""SwinTransformer behaviour: shapes, presets, freezing, checkpointing, input validation."""
+import math
+
+import pytest
+import torch
+
+from mmvitswin.models.backbones.swin import SwinTransformer
+from conftest import max_rel_err
+
+
+def _expected_hw(h, w, patch=4):
+    hs, ws = math.ceil(h / patch), math.ceil(w / patch)
+    out = []
+    for _ in range(4):
+        out.append((hs, ws))
+        hs, ws = math.ceil(hs / 2), math.ceil(ws / 2)
+    return out
+
+
+@pytest.mark.parametrize('hw', [(1, 1), (5, 3), (31, 97), (64, 64), (130, 61)])
+def test_any_size_follows_the_output_rule(hw):
+    model = SwinTransformer(out_indices=(0, 1, 2, 3)).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *hw))
+    assert [tuple(o.shape[2:]) for o in outs] == _expected_hw(*hw)
+    assert [o.shape[1] for o in outs] == [96, 192, 384, 768]
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+def test_arch_presets_and_overrides():
+    for arch, dims, depths, heads in [('tiny', 96, (2, 2, 6, 2), (3, 6, 12, 24)),
+                                      ('small', 96, (2, 2, 18, 2), (3, 6, 12, 24)),
+                                      ('base', 128, (2, 2, 18, 2), (4, 8, 16, 32)),
+                                      ('large', 192, (2, 2, 18, 2), (6, 12, 24, 48))]:
+        m = SwinTransformer(arch=arch)
+        assert (m.num_features[0], m.depths, m.num_heads) == (dims, depths, heads)
+    m = SwinTransformer(arch='base', depths=(1, 1, 1, 1), embed_dims=64, num_heads=(2, 4, 8, 16))
+    assert (m.num_features[0], m.depths) == (64, (1, 1, 1, 1))
+    assert len(m.stages[2].blocks) == 1
+
+
+def test_out_indices_subset():
+    m = SwinTransformer(out_indices=(1, 3)).eval()
+    outs = m(torch.randn(1, 3, 64, 64))
+    assert [o.shape[1] for o in outs] == [192, 768]
+    assert not hasattr(m, 'norm0')
+
+
+def test_train_returns_self_and_keeps_frozen_stages_in_eval():
+    m = SwinTransformer(frozen_stages=2, drop_path_rate=0.)
+    assert m.train() is m
+    frozen = [m.patch_embed, m.stages[0], m.stages[1], m.norm0, m.norm1]
+    for mod in frozen:
+        assert not mod.training
+        assert all(not p.requires_grad for p in mod.parameters())
+    assert m.stages[2].training and all(p.requires_grad for p in m.stages[2].parameters())
+    outs = m(torch.randn(1, 3, 64, 64))
+    sum(o.sum() for o in outs).backward()
+    for mod in frozen:
+        assert all(p.grad is None for p in mod.parameters())
+    assert m.stages[2].blocks[0].ffn.layers[1].weight.grad is not None
+
+
+def test_frozen_stages_match_mmdet_definition():
+    from mmdet.models.backbones.swin import SwinTransformer as Ref
+    for k in range(-1, 5):
+        ours = SwinTransformer(frozen_stages=k)
+        ref = Ref(frozen_stages=k)
+        ours.train()
+        ref.train()
+        want = {n for n, p in ref.named_parameters() if not p.requires_grad}
+        got = {n for n, p in ours.named_parameters() if not p.requires_grad}
+        assert got == want, k
+
+
+def test_with_cp_gives_the_same_gradients():
+    torch.manual_seed(0)
+    plain = SwinTransformer(drop_path_rate=0.)
+    cp = SwinTransformer(drop_path_rate=0., with_cp=True)
+    cp.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 72, 56)
+    for m in (plain, cp):
+        m.train()
+        sum(o.square().mean() for o in m(x)).backward()
+    grads = dict(cp.named_parameters())
+    for name, p in plain.named_parameters():
+        assert max_rel_err(grads[name].grad, p.grad) < 1e-5, name
+
+
+def test_stochastic_depth_schedule():
+    m = SwinTransformer(drop_path_rate=0.3)
+    rates = [b.drop_path.drop_prob for s in m.stages for b in s.blocks]
+    want = torch.linspace(0, 0.3, 12).tolist()
+    assert rates == pytest.approx(want)
+
+
+def test_shift_mask_and_bias_are_cached():
+    from mmvitswin.models.layers.window import shift_window_mask
+    shift_window_mask.cache_clear()
+    m = SwinTransformer(drop_path_rate=0.).eval()
+    with torch.no_grad():
+        m(torch.randn(1, 3, 64, 64))
+        first = shift_window_mask.cache_info()
+        m(torch.randn(1, 3, 64, 64))
+    second = shift_window_mask.cache_info()
+    assert second.misses == first.misses  # no new mask built for the same padded size
+    assert second.hits > first.hits
+    assert first.misses <= 4  # at most one per stage
+    attn = m.stages[0].blocks[0].attn.w_msa
+    with torch.no_grad():
+        b1 = attn.relative_bias(49, torch.float32)
+        b2 = attn.relative_bias(49, torch.float32)
+    assert b1 is b2
+    with torch.no_grad():
+        attn.relative_position_bias_table.add_(1.0)  # a change invalidates the cache
+        assert not torch.equal(attn.relative_bias(49, torch.float32), b1)
+
+
+# ------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize('x, exc, msg', [
+    (torch.randn(3, 64, 64), ValueError, r'x must be 4-D \(B, C, H, W\)'),
+    (torch.randn(1, 1, 3, 64, 64), ValueError, '4-D'),
+    (torch.randn(1, 4, 64, 64), ValueError, 'in_channels=3'),
+    (torch.randint(0, 255, (1, 3, 64, 64), dtype=torch.uint8), TypeError, 'floating-point'),
+    ([[1.0]], TypeError, 'torch.Tensor'),
+])
+def test_bad_inputs_raise_at_the_boundary(x, exc, msg):
+    with pytest.raises(exc, match=msg):
+        SwinTransformer()(x)
+
+
+@pytest.mark.parametrize('kwargs, exc, msg', [
+    (dict(window_size=0), ValueError, 'window_size must be >= 1'),
+    (dict(window_size=2.5), TypeError, 'window_size must be an int'),
+    (dict(depths=(2, 2, 6), num_heads=(3, 6, 12, 24)), ValueError,
+     'depths .* and num_heads .* same length'),
+    (dict(embed_dims=100), ValueError, r'divisible by num_heads\[0\] \(3\)'),
+    (dict(strides=(2, 2, 2, 2)), ValueError, r'strides\[0\] \(2\) must equal patch_size \(4\)'),
+    (dict(out_indices=(0, 4)), ValueError, r'out_indices must be stage indices in \[0, 3\]'),
+    (dict(out_indices=(-1, )), ValueError, 'out_indices'),
+    (dict(arch='huge'), ValueError, 'arch must be one of'),
+    (dict(frozen_stages=7), ValueError, 'frozen_stages'),
+    (dict(norm_cfg=dict(type='BN')), ValueError, "norm_cfg type must be 'LN'"),
+    (dict(pretrained=3), TypeError, 'pretrained must be a str'),
+])
+def test_bad_config_raises(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        SwinTransformer(**kwargs)

@@ -1,0 +1,189 @@
+"""Checkpoint formats, auto-detection, resizing and architecture checks for SwinTransformer."""
+import re
+import warnings
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from mmvitswin.checkpoint import (convert_swin_state_dict, detect_swin_format,
+                                  unwrap_state_dict)
+from mmvitswin.models.backbones.swin import SwinTransformer
+
+
+def _to_microsoft(sd):
+    """Our (mmdet) layout -> the official release layout, written from the Microsoft key list
+    (the inverse of mmdet's swin_converter), plus the buffers/heads such files carry."""
+    out = OrderedDict()
+    for k, v in sd.items():
+        if k.endswith('relative_position_index'):
+            out[k.replace('stages.', 'layers.', 1).replace('attn.w_msa.', 'attn.')] = v
+            continue
+        if k.startswith('norm'):
+            continue
+        nk = k.replace('patch_embed.projection.', 'patch_embed.proj.')
+        nk = nk.replace('stages.', 'layers.', 1).replace('attn.w_msa.', 'attn.')
+        nk = nk.replace('ffn.layers.0.0.', 'mlp.fc1.').replace('ffn.layers.1.', 'mlp.fc2.')
+        if '.downsample.' in k:
+            # unfold order [c, dy, dx] -> neighbour-major [dx, dy, c]
+            lead, c4 = v.shape[:-1], v.shape[-1]
+            n = len(lead)
+            v = v.reshape(*lead, c4 // 4, 2, 2).permute(*range(n), n + 2, n + 1, n)
+            v = v.reshape(*lead, c4)
+        out[nk] = v
+    out['layers.0.blocks.1.attn_mask'] = torch.zeros(64, 49, 49)
+    out['norm.weight'] = torch.ones(768)
+    out['norm.bias'] = torch.zeros(768)
+    out['head.weight'] = torch.zeros(1000, 768)
+    out['head.bias'] = torch.zeros(1000)
+    return out
+
+
+def _to_timm_new(ms):
+    out = OrderedDict()
+    for k, v in ms.items():
+        m = re.match(r'layers\.(\d+)\.downsample\.(.*)', k)
+        if m:
+            k = f'layers.{int(m.group(1)) + 1}.downsample.{m.group(2)}'
+        out[k.replace('head.', 'head.fc.')] = v
+    return out
+
+
+@pytest.fixture(scope='module')
+def mmdet_swin():
+    from mmdet.models.backbones.swin import SwinTransformer as Ref
+    torch.manual_seed(0)
+    ref = Ref(drop_path_rate=0.)
+    ref.init_weights()
+    ref.eval()
+    return ref
+
+
+def _outputs(model, x):
+    model.eval()
+    with torch.no_grad():
+        return model(x)
+
+
+def _load_via_init_cfg(path, tmp_path=None, **kwargs):
+    model = SwinTransformer(init_cfg=dict(type='Pretrained', checkpoint=str(path)),
+                            drop_path_rate=0., **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        model.init_weights()
+    return model, [str(w.message) for w in caught if 'SwinTransformer' in str(w.message)]
+
+
+def test_microsoft_format_matches_mmdet_converter(mmdet_swin, tmp_path):
+    from mmdet.models.backbones.swin import SwinTransformer as Ref
+    from mmdet.models.backbones.swin import swin_converter
+    ms = _to_microsoft(mmdet_swin.state_dict())
+    # mmdet's own path: convert with its converter, load into its model
+    ref = Ref(drop_path_rate=0.)
+    ref.init_weights()
+    converted = swin_converter(ms)
+    ref.load_state_dict({k[len('backbone.'):]: v for k, v in converted.items()}, strict=False)
+    # ours: the raw Microsoft file, wrapped as the release is ({'model': ...}), auto-detected
+    path = tmp_path / 'swin_tiny_patch4_window7_224.pth'
+    torch.save({'model': ms}, path)
+    ours, msgs = _load_via_init_cfg(path)
+    assert detect_swin_format(ms) == 'microsoft'
+    x = torch.randn(1, 3, 96, 112)
+    for g, w in zip(_outputs(ours, x), _outputs(ref, x)):
+        assert torch.allclose(g, w, atol=1e-5)
+    # the head and ImageNet norm are reported unused, in one warning
+    assert len(msgs) == 1 and 'head.weight' in msgs[0] and 'norm.weight' in msgs[0]
+
+
+@pytest.mark.parametrize('wrap', ['bare', 'state_dict', 'module', 'backbone', 'timm_new'])
+def test_wrappers_and_timm_layout_load_exactly(mmdet_swin, tmp_path, wrap):
+    sd = mmdet_swin.state_dict()
+    if wrap == 'bare':
+        obj = sd
+    elif wrap == 'state_dict':
+        obj = {'state_dict': sd, 'meta': {'epoch': 3}}
+    elif wrap == 'module':
+        obj = {'state_dict': {f'module.{k}': v for k, v in sd.items()}}
+    elif wrap == 'backbone':
+        obj = {'state_dict': {**{f'backbone.{k}': v for k, v in sd.items()},
+                              'neck.fpn_convs.0.conv.weight': torch.zeros(1)}}
+    else:
+        obj = _to_timm_new(_to_microsoft(sd))
+        assert detect_swin_format(obj) == 'timm'
+    path = tmp_path / f'{wrap}.pth'
+    torch.save(obj, path)
+    ours, msgs = _load_via_init_cfg(path)
+    x = torch.randn(1, 3, 64, 64)
+    for g, w in zip(_outputs(ours, x), _outputs(mmdet_swin, x)):
+        assert torch.allclose(g, w, atol=1e-5)
+    if wrap != 'timm_new':
+        assert msgs == []
+
+
+def test_equal_window_loading_changes_nothing(mmdet_swin, tmp_path):
+    path = tmp_path / 'same.pth'
+    sd = mmdet_swin.state_dict()
+    torch.save(sd, path)
+    ours, msgs = _load_via_init_cfg(path)
+    assert msgs == []
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, sd[k]), k
+
+
+def test_window_7_to_12_resizes_tables(mmdet_swin, tmp_path):
+    path = tmp_path / 'w7.pth'
+    sd = mmdet_swin.state_dict()
+    torch.save(sd, path)
+    ours, msgs = _load_via_init_cfg(path, window_size=12, pretrain_img_size=384)
+    assert msgs == []
+    key = 'stages.0.blocks.0.attn.w_msa.relative_position_bias_table'
+    table = ours.state_dict()[key]
+    assert table.shape == (23 * 23, 3)
+    # bicubic resize of the 13x13 grid per head
+    want = torch.nn.functional.interpolate(
+        sd[key].t().reshape(1, 3, 13, 13), size=(23, 23), mode='bicubic',
+        align_corners=False).reshape(3, -1).t()
+    assert torch.allclose(table, want, atol=1e-6)
+    # weights that do not depend on the window are copied unchanged
+    assert torch.equal(ours.state_dict()['stages.2.blocks.3.ffn.layers.1.weight'],
+                       sd['stages.2.blocks.3.ffn.layers.1.weight'])
+    assert tuple(ours(torch.randn(1, 3, 100, 90))[3].shape) == (1, 768, 4, 3)
+
+
+def test_abs_pos_embed_resized_on_load(tmp_path):
+    src = SwinTransformer(use_abs_pos_embed=True, pretrain_img_size=224)
+    path = tmp_path / 'abs.pth'
+    torch.save(src.state_dict(), path)
+    ours, msgs = _load_via_init_cfg(path, use_abs_pos_embed=True, pretrain_img_size=384)
+    assert msgs == []
+    assert ours.absolute_pos_embed.shape == (1, 96 * 96, 96)
+
+
+def test_different_architecture_raises(tmp_path):
+    small = SwinTransformer(arch='small')
+    path = tmp_path / 'small.pth'
+    torch.save(small.state_dict(), path)
+    with pytest.raises(ValueError, match=r'depths=\(2, 2, 18, 2\).*depths=\(2, 2, 6, 2\)'):
+        _load_via_init_cfg(path)
+    base = SwinTransformer(arch='base')
+    torch.save(base.state_dict(), path)
+    with pytest.raises(ValueError, match='embed_dims=128.*embed_dims=96'):
+        _load_via_init_cfg(path)
+
+
+def test_unknown_format_and_empty_prefix_raise():
+    with pytest.raises(ValueError, match='unrecognised Swin checkpoint format'):
+        convert_swin_state_dict({'foo.weight': torch.zeros(1)})
+    with pytest.raises(ValueError, match="no keys under prefix 'encoder.'"):
+        unwrap_state_dict({'backbone.x': torch.zeros(1)}, prefix='encoder')
+
+
+def test_leftover_keys_reported_in_one_warning(mmdet_swin, tmp_path):
+    sd = dict(mmdet_swin.state_dict())
+    del sd['norm3.weight']
+    sd['extra.thing'] = torch.zeros(2)
+    path = tmp_path / 'partial.pth'
+    torch.save(sd, path)
+    _, msgs = _load_via_init_cfg(path)
+    assert len(msgs) == 1
+    assert 'norm3.weight' in msgs[0] and 'extra.thing' in msgs[0]
