@@ -9,5 +9,9 @@ from .registry import DATASETS, HOOKS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, bridg
 
 bridge_to_hosts()
 
+from .checkpoint.safe_load import install_safe_loading  # noqa: E402
+
+install_safe_loading()  # resume/load_from of runner checkpoints under torch>=2.6 (allow-list)
+
 __all__ = ['__version__', 'MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS', 'DATASETS', 'HOOKS',
            'bridge_to_hosts']

@@ -27,9 +27,9 @@ DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmvitswin',
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmvitswin', locations=['mmvitswin.engine'])
 
 # (host package, registry attribute in host.registry, our registry)
-_HOSTS = ('mmdet', 'mmseg')
+_HOSTS = ('mmdet', 'mmseg', 'mmaction')
 _BRIDGED = (('MODELS', MODELS), ('OPTIM_WRAPPER_CONSTRUCTORS', OPTIM_WRAPPER_CONSTRUCTORS),
-            ('HOOKS', HOOKS))
+            ('HOOKS', HOOKS), ('DATASETS', DATASETS))
 
 
 def bridge_to_hosts(hosts=_HOSTS) -> list:
@@ -39,6 +39,10 @@ def bridge_to_hosts(hosts=_HOSTS) -> list:
     """
     bridged = []
     for host in hosts:
+        if host == 'mmaction':
+            if bridge_to_mmaction():
+                bridged.append(host)
+            continue
         try:
             host_registry = importlib.import_module(f'{host}.registry')
         except ImportError:
@@ -63,3 +67,36 @@ def bridge_to_hosts(hosts=_HOSTS) -> list:
             target._imported = True
         bridged.append(host)
     return bridged
+
+
+# mmaction2 is optional (not a dependency) and gets the video backbone only: force-registering
+# every image model there could shadow mmaction2's own (it has a VisionTransformer too).
+_MMACTION_MODELS = ('SwinTransformer3D', )
+
+
+def bridge_to_mmaction(names=_MMACTION_MODELS) -> bool:
+    """Register ``names`` into ``mmaction.registry.MODELS`` (force=True) when importable.
+
+    ``mmaction.models`` is imported first, for the same reason as for mmdet/mmseg: its lazy
+    import would otherwise re-register mmaction2's ``SwinTransformer3D`` over ours (or raise).
+    mmaction2 1.2.0's wheel cannot import ``mmaction.models`` (it lacks
+    ``localizers/drn``); we then still register ours but leave the registry's lazy import armed,
+    so an mmaction2-scope build reports that broken install instead of a missing name. Nothing
+    mmaction2 raises may break ``import mmvitswin``. Returns whether anything was registered.
+    """
+    try:
+        host_registry = importlib.import_module('mmaction.registry')
+    except Exception:  # not installed, or installed without its dependencies
+        return False
+    try:
+        importlib.import_module('mmaction.models')
+        models_imported = True
+    except Exception:
+        models_imported = False
+    for name in names:
+        cls = MODELS.module_dict.get(name)
+        if cls is not None:
+            host_registry.MODELS.register_module(name=name, module=cls, force=True)
+    if models_imported:
+        host_registry.MODELS._imported = True
+    return True

@@ -59,16 +59,19 @@ class SwinStage(nn.Module):
     """``depth`` blocks alternating W-MSA / SW-MSA, then an optional patch merging.
 
     ``forward(x: (B, H, W, C))`` returns ``(stage output (B, H, W, C), next input or None)``.
+    ``block_cls`` (default :class:`SwinBlock`) lets the video Swin reuse the stage with its
+    mmaction2-named block; it gets the same arguments.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, depth: int, window: Tuple[int, ...],
                  mlp_ratio: float, drop_path_rates: Sequence[float],
-                 downsample: Optional[nn.Module] = None, **block_kwargs):
+                 downsample: Optional[nn.Module] = None, block_cls: type = SwinBlock,
+                 **block_kwargs):
         super().__init__()
         shift = tuple(w // 2 for w in window)
         no_shift = (0, ) * len(window)
         self.blocks = nn.ModuleList([
-            SwinBlock(embed_dims, num_heads, int(mlp_ratio * embed_dims), window,
+            block_cls(embed_dims, num_heads, int(mlp_ratio * embed_dims), window,
                       no_shift if i % 2 == 0 else shift, drop_path_rate=drop_path_rates[i],
                       **block_kwargs) for i in range(depth)
         ])

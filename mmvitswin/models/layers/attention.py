@@ -88,6 +88,7 @@ class WindowAttention(Attention):
         self.relative_position_bias_table = nn.Parameter(torch.zeros(table_rows, num_heads))
         self.register_buffer('relative_position_index', relative_position_index(self.window))
         self._bias_cache = None  # (key, tensor): the gathered bias when no grad is needed
+        self._masked_cache = None  # (mask, bias, bias + mask) likewise
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -116,18 +117,38 @@ class WindowAttention(Attention):
             self._bias_cache = None
         return bias
 
+    def masked_bias(self, bias: torch.Tensor, mask: torch.Tensor, batch: int) -> torch.Tensor:
+        """Relative bias plus shift mask, laid out per window as ``(batch * nW, heads, N, N)``.
+
+        SDPA's fused CPU kernel needs a 4-D mask whose leading dim matches the windows; the
+        mask varies per window, so it is materialised over the batch. Without grads the result
+        is cached (one entry, keyed by the identity of the mask from the bounded
+        ``shift_window_mask`` cache, the bias tensor and the batch), so inference pays for it once.
+        """
+        needs_grad = bias.requires_grad
+        cached = self._masked_cache
+        if (not needs_grad and cached is not None and cached[0] is mask and cached[1] is bias
+                and cached[2] == batch):
+            return cached[3]
+        nw, n = mask.shape[0], mask.shape[-1]
+        combined = bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)  # (nW, heads, N, N)
+        combined = combined.unsqueeze(0).expand(batch, -1, -1, -1, -1)
+        combined = combined.reshape(batch * nw, self.num_heads, n, n)
+        self._masked_cache = None if needs_grad else (mask, bias, batch, combined)
+        return combined
+
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (B * nW, N, C) windows; mask: (nW, N, N) shift mask or None -> (B * nW, N, C)."""
         bw, n, c = x.shape
-        qkv = self.qkv(x).reshape(bw, n, 3, self.num_heads, self.head_dim)
-        qkv = qkv.permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        h, d = self.num_heads, self.head_dim
+        # q, k, v stay strided views of the projection output: the fused kernel reads them as is.
+        q, k, v = self.qkv(x).view(bw, n, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
         bias = self.relative_bias(n, q.dtype)
-        if mask is not None:
-            # Group the windows of one image so the (nW, N, N) mask broadcasts over the batch.
-            nw = mask.shape[0]
-            shape = (bw // nw, nw, self.num_heads, n, self.head_dim)
-            q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
-            bias = bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)
-        out = self.attend(q, k, v, bias)
-        out = out.reshape(bw, self.num_heads, n, self.head_dim).transpose(1, 2).reshape(bw, n, c)
+        if mask is None:
+            # A 4-D bias keeps SDPA on its fused CPU kernel (a 3-D one falls back to the math path).
+            attn_bias = bias.unsqueeze(0)
+        else:
+            attn_bias = self.masked_bias(bias, mask, bw // mask.shape[0])
+        out = self.attend(q, k, v, attn_bias)
+        out = out.transpose(1, 2).reshape(bw, n, c)
         return self.proj_drop(self.proj(out))

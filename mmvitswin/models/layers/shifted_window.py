@@ -2,26 +2,52 @@
 
 Shared by the 2-D Swin (windows of ``(Wh, Ww)``) and the video Swin (``(Wt, Wh, Ww)``).
 """
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 from .attention import WindowAttention
-from .window import (effective_window, pad_to_multiple, shift_window_mask, window_partition,
-                     window_reverse)
+from .window import effective_window, shift_window_mask, window_gather_index
 
 
-class ShiftWindowMSA(nn.Module):
-    """W-MSA (``shift`` all zero) or SW-MSA over ``x: (B, *spatial, C)``.
+def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tuple[int, ...],
+                             shift: Tuple[int, ...], clamp_to_input: bool = False) -> torch.Tensor:
+    """(S)W-MSA of ``x: (B, *spatial, C)`` with the window attention module ``attn``.
 
-    Steps: pad each spatial dim to a multiple of the window (end of the dim), roll by
+    Semantics: pad each spatial dim to a multiple of the window (end of the dim), roll by
     ``-shift``, attend inside windows with the relative position bias and the cached shift mask,
     roll back, crop the padding. The pad comes **before** the shift, as in mmdet/mmseg/mmaction2.
+    The pad/roll/partition chain runs as one cached gather each way (``window_gather_index``).
 
     ``clamp_to_input``: shrink the window (and drop the shift) along dims where the input is not
     larger than the window, as the video Swin does; the 2-D Swin keeps mmdet's full windows.
-    The attention module is ``w_msa`` so checkpoint keys match mmdet/mmseg.
+    A free function so that backbones whose checkpoints name the attention differently
+    (mmdet ``attn.w_msa``, mmaction2 ``attn``) share it.
+    """
+    spatial = tuple(x.shape[1:-1])
+    if clamp_to_input:
+        window, shift = effective_window(spatial, window, shift)
+    b, c = x.shape[0], x.shape[-1]
+    n = 1
+    for w in window:
+        n *= w
+    gather, pad, scatter = window_gather_index(spatial, window, shift, x.device)
+    windows = x.reshape(b, -1, c).index_select(1, gather)
+    if pad is not None:
+        windows = windows.index_fill(1, pad, 0.)
+    mask = None
+    if any(shift):
+        padded = tuple(-(-s // w) * w for s, w in zip(spatial, window))
+        mask = shift_window_mask(padded, window, shift, x.device, x.dtype)
+    out = attn(windows.view(-1, n, c), mask)
+    return out.view(b, -1, c).index_select(1, scatter).view(x.shape)
+
+
+class ShiftWindowMSA(nn.Module):
+    """W-MSA (``shift`` all zero) or SW-MSA over ``x: (B, *spatial, C)``; see
+    :func:`shifted_window_attention`. The attention module is ``w_msa`` so checkpoint keys match
+    mmdet/mmseg.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, window: Sequence[int],
@@ -39,20 +65,5 @@ class ShiftWindowMSA(nn.Module):
                                      proj_drop=proj_drop, use_sdpa=use_sdpa)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spatial = tuple(x.shape[1:-1])
-        window, shift = self.window, self.shift
-        if self.clamp_to_input:
-            window, shift = effective_window(spatial, window, shift)
-        x, padded = pad_to_multiple(x, window)
-        dims = tuple(range(1, len(window) + 1))
-        mask = None
-        if any(shift):
-            x = torch.roll(x, shifts=tuple(-s for s in shift), dims=dims)
-            mask = shift_window_mask(padded, window, shift, x.device, x.dtype)
-        windows = self.w_msa(window_partition(x, window), mask)
-        x = window_reverse(windows, window, padded)
-        if any(shift):
-            x = torch.roll(x, shifts=shift, dims=dims)
-        if padded != spatial:
-            x = x[(slice(None), ) + tuple(slice(0, s) for s in spatial)]
-        return x
+        return shifted_window_attention(x, self.w_msa, self.window, self.shift,
+                                        self.clamp_to_input)

@@ -121,6 +121,36 @@ def shift_window_mask(padded: Size, window: Size, shift: Size, device: torch.dev
     return mask.to(device=device, dtype=dtype)
 
 
+@lru_cache(maxsize=128)
+def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.device):
+    """Indices that take a flattened input straight to padded, shifted windows and back.
+
+    Equivalent to ``pad_to_multiple -> roll(-shift) -> window_partition`` (and the inverse with
+    the crop), but as one gather each way instead of a chain of copies. For ``x: (B, L, C)``
+    with ``L = prod(spatial)``:
+
+    - ``gather`` ``(nW * N,)``: ``x[:, gather]`` lists the tokens window by window; entries that
+      fall into padding point at token 0 and are listed in ``pad``;
+    - ``pad`` ``(P,)`` or None: positions (in window order) to zero, as the padding would be;
+    - ``scatter`` ``(L,)``: ``windows[:, scatter]`` puts every real token back in place.
+    """
+    padded = tuple(-(-s // w) * w for s, w in zip(spatial, window))
+    # After rolling by -shift, rolled position p holds padded position (p + shift) % P.
+    axes = [(torch.arange(p) + h) % p for p, h in zip(padded, shift)]
+    grids = torch.meshgrid(*axes, indexing='ij')
+    valid = torch.ones(padded, dtype=torch.bool)
+    flat = torch.zeros(padded, dtype=torch.long)
+    for g, s in zip(grids, spatial):
+        valid &= g < s
+        flat = flat * s + g
+    flat = window_partition(flat.masked_fill(~valid, 0)[None, ..., None], window).reshape(-1)
+    valid = window_partition(valid[None, ..., None], window).reshape(-1)
+    scatter = torch.empty(int(valid.sum()), dtype=torch.long)
+    scatter[flat[valid]] = torch.nonzero(valid).squeeze(1)
+    pad = torch.nonzero(~valid).squeeze(1)
+    return (flat.to(device), None if pad.numel() == 0 else pad.to(device), scatter.to(device))
+
+
 def _product(lists):
     """itertools.product over a short list of lists (kept local to stay compile-friendly)."""
     out = [()]

@@ -1,0 +1,499 @@
+"""Hybrid ResNet50 + ViT backbone (the "R50+ViT-B/16" of the ViT paper) as a feature pyramid.
+
+A ResNetV2-style CNN front end (weight-standardised convolutions, GroupNorm with 32 groups, no
+BatchNorm, stages of (3, 4, 9) non-pre-activation bottlenecks) turns an image into a stride-16
+map of 1024 channels; a 1x1 convolution maps it to ViT tokens, one per stride-16 cell (so the
+ViT sees 14 x 14 = 196 tokens + CLS at 224 x 224); the shared ViT trunk of
+:mod:`mmvitswin.models.backbones.vit` runs its blocks on them.
+
+Pyramid (``out_indices`` picks among these four levels, ``out_channels`` projects them):
+
+====== ======= ================================ ===============================
+level  stride  source                           native channels
+====== ======= ================================ ===============================
+0      4       CNN stage 1 (3 bottlenecks)      ``cnn_channels[0]`` (256)
+1      8       CNN stage 2 (4 bottlenecks)      ``cnn_channels[1]`` (512)
+2      16      ViT output tokens (CLS dropped)  ``embed_dims`` (768)
+3      32      2 x 2 max-pool of level 2        ``embed_dims`` (768)
+====== ======= ================================ ===============================
+
+Any ``H, W``: level ``i`` is ``ceil(H / stride_i) x ceil(W / stride_i)``. Every strided op
+(stem conv, stem pool, the stride-2 3x3 convs and 1x1 shortcuts, the stride-32 pool) pads
+TensorFlow-'SAME' style, which rounds up exactly like padding the image to a multiple of 32 and
+cropping back would, without feeding tokens of an empty border into global attention.
+
+Weight standardisation (:class:`StdConv2d`): per output channel ``o`` the kernel is replaced
+by ``(w - mean_o) / sqrt(var_o + eps)`` with the *biased* variance over ``in/groups x kh x kw``
+and ``eps = 1e-8`` -- the value timm's R50 hybrid (``vit_base_r50_s16_*``) uses, so its
+weights reproduce its features; timm's generic ``StdConv2d`` default is 1e-6.
+"""
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+
+from ...registry import MODELS
+from ..layers import DropPath, to_tuple
+from ..utils import check_image_input
+from .vit import VisionTransformerTrunk
+
+IntPair = Union[int, Tuple[int, int]]
+
+
+# ----------------------------------------------------------------------------- functions
+def standardize_weight(weight: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Weight standardisation: zero mean, unit (biased) variance per output channel.
+
+    weight: (out, in / groups, kh, kw) -> same shape; differentiable (the gradient flows
+    through the mean and the variance, as in training with weight standardisation).
+    """
+    flat = weight.reshape(weight.shape[0], -1)
+    var, mean = torch.var_mean(flat, dim=1, correction=0, keepdim=True)
+    return ((flat - mean) * torch.rsqrt(var + eps)).reshape_as(weight)
+
+
+def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> Tuple[int, int]:
+    """TensorFlow 'SAME' padding ``(before, after)`` for one axis.
+
+    The output has ``ceil(size / stride)`` cells; when the total padding is odd the extra cell
+    goes *after* (bottom/right). That asymmetry is what the ported Google hybrid weights were
+    trained with; a symmetric PyTorch padding would move the sampling grid off theirs.
+    """
+    out = -(-size // stride)
+    total = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    return total // 2, total - total // 2
+
+
+def pad_same(x: torch.Tensor, kernel: Tuple[int, int], stride: Tuple[int, int],
+             dilation: Tuple[int, int] = (1, 1), value: float = 0.) -> torch.Tensor:
+    """Pad ``x: (B, C, H, W)`` for a TF 'SAME' window op (see :func:`same_padding`)."""
+    top, bottom = same_padding(x.shape[-2], kernel[0], stride[0], dilation[0])
+    left, right = same_padding(x.shape[-1], kernel[1], stride[1], dilation[1])
+    if top or bottom or left or right:
+        x = F.pad(x, (left, right, top, bottom), value=value)
+    return x
+
+
+# -------------------------------------------------------------------------------- layers
+class StdConv2d(nn.Conv2d):
+    """``nn.Conv2d`` whose kernel is standardised (:func:`standardize_weight`) on every call.
+
+    ``padding='same'``: TensorFlow 'SAME' padding computed from the input size (asymmetric when
+    needed); a static symmetric padding is used when it is exactly equivalent (stride 1, odd
+    effective kernel). An int/tuple ``padding`` behaves as in ``nn.Conv2d``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntPair,
+                 stride: IntPair = 1, padding: Union[str, IntPair] = 'same',
+                 dilation: IntPair = 1, groups: int = 1, bias: bool = False,
+                 eps: float = 1e-8):
+        kernel_t = to_tuple(kernel_size, 2, 'kernel_size')
+        stride_t = to_tuple(stride, 2, 'stride')
+        dilation_t = to_tuple(dilation, 2, 'dilation')
+        if isinstance(padding, str):
+            if padding.lower() != 'same':
+                raise ValueError(f"padding must be 'same' or an int/tuple, got {padding!r}")
+            static = all(s == 1 and (d * (k - 1)) % 2 == 0
+                         for k, s, d in zip(kernel_t, stride_t, dilation_t))
+            padding = tuple(d * (k - 1) // 2 for k, d in zip(kernel_t, dilation_t)) \
+                if static else 0
+            dynamic = not static
+        else:
+            dynamic = False
+        if eps <= 0:
+            raise ValueError(f'eps must be positive, got {eps}')
+        super().__init__(in_channels, out_channels, kernel_t, stride=stride_t, padding=padding,
+                         dilation=dilation_t, groups=groups, bias=bias)
+        self.dynamic_same = dynamic
+        self.eps = float(eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dynamic_same:
+            x = pad_same(x, self.kernel_size, self.stride, self.dilation)
+        return F.conv2d(x, standardize_weight(self.weight, self.eps), self.bias, self.stride,
+                        self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        same = ', padding=same(dynamic)' if self.dynamic_same else ''
+        return super().extra_repr() + same + f', eps={self.eps}'
+
+
+class MaxPool2dSame(nn.MaxPool2d):
+    """Max pooling with TF 'SAME' padding (pads with -inf, so padding never wins the max)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, s = to_tuple(self.kernel_size, 2, 'kernel_size'), to_tuple(self.stride, 2, 'stride')
+        x = pad_same(x, k, s, value=float('-inf'))
+        return F.max_pool2d(x, k, s, 0, self.dilation, self.ceil_mode)
+
+
+def group_norm(channels: int, num_groups: int = 32, eps: float = 1e-5) -> nn.GroupNorm:
+    """GroupNorm(32) as everywhere in the front end (eps 1e-5, timm's GroupNormAct default)."""
+    if channels % num_groups:
+        raise ValueError(f'GroupNorm with {num_groups} groups needs channels divisible by '
+                         f'{num_groups}, got {channels}')
+    return nn.GroupNorm(num_groups, channels, eps=eps)
+
+
+class Downsample(nn.Module):
+    """Projection shortcut: strided 1x1 StdConv + GroupNorm (no activation)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, eps: float):
+        super().__init__()
+        self.conv = StdConv2d(in_channels, out_channels, 1, stride=stride, eps=eps)
+        self.norm = group_norm(out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x))
+
+
+class Bottleneck(nn.Module):
+    """Non-pre-activation bottleneck (ResNet v1.5 order, stride on the 3x3) with StdConv + GN.
+
+    ``x: (B, in, H, W) -> (B, out, ceil(H / stride), ceil(W / stride))``:
+    ``relu(norm3(conv3(relu(norm2(conv2(relu(norm1(conv1(x)))))))) + shortcut(x))``.
+    Submodule names follow timm's ResNetV2 ``Bottleneck`` so hybrid checkpoints map 1:1.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
+                 project: bool = False, bottle_ratio: float = 0.25, drop_path_rate: float = 0.,
+                 eps: float = 1e-8, with_cp: bool = False):
+        super().__init__()
+        mid = int(out_channels * bottle_ratio)
+        self.with_cp = with_cp
+        if not project and (stride != 1 or in_channels != out_channels):
+            raise ValueError('a bottleneck that changes stride or channels needs project=True')
+        self.downsample = Downsample(in_channels, out_channels, stride, eps) if project else None
+        self.conv1 = StdConv2d(in_channels, mid, 1, eps=eps)
+        self.norm1 = group_norm(mid)
+        self.conv2 = StdConv2d(mid, mid, 3, stride=stride, eps=eps)
+        self.norm2 = group_norm(mid)
+        self.conv3 = StdConv2d(mid, out_channels, 1, eps=eps)
+        self.norm3 = group_norm(out_channels)
+        self.drop_path = DropPath(drop_path_rate)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        y = F.relu(self.norm1(self.conv1(x)))
+        y = F.relu(self.norm2(self.conv2(y)))
+        y = self.norm3(self.conv3(y))
+        return F.relu(self.drop_path(y) + shortcut)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class ResNetStage(nn.Module):
+    """``depth`` bottlenecks; the first one strides and always carries the projection shortcut
+    (as in timm, even when stride and width would allow an identity)."""
+
+    def __init__(self, in_channels: int, out_channels: int, depth: int, stride: int,
+                 drop_path_rates: Sequence[float], eps: float, with_cp: bool = False):
+        super().__init__()
+        self.blocks = nn.Sequential(*[
+            Bottleneck(in_channels if i == 0 else out_channels, out_channels,
+                       stride=stride if i == 0 else 1, project=i == 0,
+                       drop_path_rate=drop_path_rates[i], eps=eps, with_cp=with_cp)
+            for i in range(depth)
+        ])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+class ResNetStem(nn.Module):
+    """7x7/2 StdConv ('same') + GN + ReLU + 3x3/2 max-pool ('same'): stride 4."""
+
+    def __init__(self, in_channels: int, out_channels: int = 64, eps: float = 1e-8):
+        super().__init__()
+        self.conv = StdConv2d(in_channels, out_channels, 7, stride=2, eps=eps)
+        self.norm = group_norm(out_channels)
+        self.pool = MaxPool2dSame(kernel_size=3, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(F.relu(self.norm(self.conv(x))))
+
+
+class ResNetV2FrontEnd(nn.Module):
+    """The hybrid's CNN: stem (stride 4), then stages with strides 1, 2, 2, ...
+
+    ``forward(x: (B, in, H, W))`` returns the list of stage outputs; with the default
+    ``depths=(3, 4, 9)``, ``channels=(256, 512, 1024)`` at 224 x 224 they are
+    (256, 56, 56), (512, 28, 28), (1024, 14, 14). Key names match timm's ``ResNetV2``
+    (``stem.conv``, ``stem.norm``, ``stages.{i}.blocks.{j}.{conv,norm}{1,2,3}``,
+    ``...downsample.{conv,norm}``).
+    """
+
+    def __init__(self, in_channels: int = 3, stem_channels: int = 64,
+                 depths: Sequence[int] = (3, 4, 9), channels: Sequence[int] = (256, 512, 1024),
+                 drop_path_rate: float = 0., eps: float = 1e-8, with_cp: bool = False):
+        super().__init__()
+        if len(depths) != len(channels) or not depths:
+            raise ValueError(f'cnn_depths {tuple(depths)} and cnn_channels {tuple(channels)} '
+                             'must be non-empty and of the same length')
+        if any(d < 1 for d in depths):
+            raise ValueError(f'cnn_depths must be positive, got {tuple(depths)}')
+        for c in channels:
+            if c % 4 or (c // 4) % 32:
+                raise ValueError(f'cnn_channels must be multiples of 128 (bottleneck width '
+                                 f'c/4 is group-normed in 32 groups), got {tuple(channels)}')
+        self.depths = tuple(depths)
+        self.channels = tuple(channels)
+        self.stem = ResNetStem(in_channels, stem_channels, eps=eps)
+        total = sum(depths)
+        rates = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
+        self.stages = nn.Sequential()
+        prev, start = stem_channels, 0
+        for i, (d, c) in enumerate(zip(depths, channels)):
+            self.stages.add_module(str(i), ResNetStage(
+                prev, c, d, stride=1 if i == 0 else 2, drop_path_rates=rates[start:start + d],
+                eps=eps, with_cp=with_cp))
+            prev, start = c, start + d
+
+    @property
+    def stride(self) -> int:
+        return 4 * 2**(len(self.depths) - 1)
+
+    def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
+        x = self.stem(x)
+        outs = []
+        for stage in self.stages:
+            x = stage(x)
+            outs.append(x)
+        return outs
+
+
+class HybridEmbed(nn.Module):
+    """The hybrid's patch embedding: CNN front end + 1x1 projection to ``embed_dims``.
+
+    ``forward(x: (B, C_in, H, W))`` returns ``(tokens (B, h, w, embed_dims), (h, w))`` with
+    ``h = ceil(H / 16)``, ``w = ceil(W / 16)`` (the interface the ViT trunk expects of a
+    replacement patch embedding). The names ``backbone`` / ``proj`` are timm's
+    (``patch_embed.backbone.*``, ``patch_embed.proj.*``), so its checkpoints map without renaming.
+    """
+
+    def __init__(self, backbone: ResNetV2FrontEnd, embed_dims: int):
+        super().__init__()
+        self.backbone = backbone
+        # kernel 1, stride 1: one token per stride-16 CNN cell, only the channels change.
+        self.proj = nn.Conv2d(backbone.channels[-1], embed_dims, kernel_size=1, stride=1)
+
+    def project(self, feat: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Last CNN map ``(B, C_cnn, h, w)`` -> channels-last tokens ``(B, h, w, C)``, grid."""
+        x = self.proj(feat)
+        return x.permute(0, 2, 3, 1), (x.shape[2], x.shape[3])
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        return self.project(self.backbone(x)[-1])
+
+
+def _level_channels(out_channels, native: Sequence[int]) -> List[Optional[int]]:
+    """``out_channels`` (None, int, or 4 entries of int/None) -> one entry per level."""
+    if out_channels is None or (isinstance(out_channels, int) and
+                                not isinstance(out_channels, bool)):
+        return [out_channels] * len(native)
+    if not isinstance(out_channels, (list, tuple)) or len(out_channels) != len(native):
+        raise TypeError(f'out_channels must be None, an int or a list of {len(native)} '
+                        f'ints/None (one per level), got {out_channels!r}')
+    return list(out_channels)
+
+
+# --------------------------------------------------------------------------------- model
+@MODELS.register_module()
+class HybridViT(VisionTransformerTrunk):
+    """Hybrid ResNetV2 + ViT ("R50+ViT-B/16") backbone returning a 4-level NCHW pyramid.
+
+    It *is* the shared ViT trunk (:class:`~mmvitswin.models.backbones.vit.VisionTransformerTrunk`)
+    with :class:`HybridEmbed` as its patch embedding, so the ViT part (CLS token, pos-embed
+    resizing, blocks, windowing, rel-pos, layer-decay depths) is the same code as ``ViTAdapter``.
+    See the module docstring for the levels and sizes: for ``(B, C_in, H, W)`` level ``i``
+    (stride ``s`` = 4, 8, 16, 32) is ``(B, C_i, ceil(H / s), ceil(W / s))`` for any H, W.
+
+    Args (the ViT ones are the trunk's; defaults give timm's ``vit_base_r50_s16_*``):
+        arch: ViT preset ('tiny' | 'small' | 'base' | 'large' | dict); explicit ``embed_dims``/
+            ``num_layers``/``num_heads``/``mlp_ratio`` override it.
+        img_size: pretraining image size; ``pos_embed`` holds ``(img_size / 16)**2 + 1``
+            entries and is resized bicubically (CLS kept apart) to the actual grid.
+        cnn_depths, cnn_channels, stem_channels: the front end (three stages, strides 4, 8,
+            16; (3, 4, 9) / (256, 512, 1024) / 64 is the ViT paper's R50 with the fourth
+            stage's blocks moved into the third). ``ws_eps``: weight-standardisation eps.
+        out_channels: None keeps the native channels (256, 512, embed_dims, embed_dims); an
+            int or a list of 4 (int or None per level) adds a 1x1 conv (+ GroupNorm(32) when
+            ``out_norm``) to that level.
+        out_indices: pyramid levels to return (0..3).
+        final_norm: apply the trunk's final LayerNorm to the stride-16 tokens (timm's
+            ``norm``; True so its weights are used).
+        frozen_stages: -1 nothing; 0 the CNN stem; 1, 2 also CNN stages 1, 2 (sources of
+            levels 0, 1); 3 also CNN stage 3, ``patch_embed.proj``, CLS and pos-embed (the
+            whole embedding); ``3 + k`` also ViT blocks ``0..k-1``; ``3 + num_layers`` also the
+            final norm. Frozen parts get no grad and stay in eval mode; the level projections
+            are never frozen (they are new for every task).
+        with_cp: activation checkpointing in every CNN bottleneck and ViT block.
+        init_cfg: ``dict(type='Pretrained', checkpoint=...)`` loads timm's hybrid layout or
+            ours, detected from the keys (:mod:`mmvitswin.checkpoint.hybrid_vit`).
+    """
+
+    CNN_STRIDE = 16
+
+    def __init__(self,
+                 arch='base',
+                 img_size=224,
+                 in_channels: int = 3,
+                 embed_dims: Optional[int] = None,
+                 num_layers: Optional[int] = None,
+                 num_heads: Optional[int] = None,
+                 mlp_ratio: Optional[float] = None,
+                 cnn_depths: Sequence[int] = (3, 4, 9),
+                 cnn_channels: Sequence[int] = (256, 512, 1024),
+                 stem_channels: int = 64,
+                 ws_eps: float = 1e-8,
+                 out_channels=None,
+                 out_norm: bool = True,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 cnn_drop_path_rate: float = 0.,
+                 norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
+                 act_cfg: Optional[dict] = dict(type='GELU'),
+                 final_norm: bool = True,
+                 interpolate_mode: str = 'bicubic',
+                 window_size: int = 0,
+                 global_attn_indexes: Optional[Sequence[int]] = None,
+                 use_rel_pos: bool = False,
+                 with_cp: bool = False,
+                 frozen_stages: int = -1,
+                 pretrained: Optional[str] = None,
+                 init_cfg=None):
+        if len(tuple(cnn_depths)) != 3 or len(tuple(cnn_channels)) != 3:
+            raise ValueError(f'cnn_depths and cnn_channels need 3 stages (strides 4, 8, 16), got '
+                             f'{tuple(cnn_depths)} and {tuple(cnn_channels)}')
+        if not isinstance(in_channels, int) or isinstance(in_channels, bool) or in_channels < 1:
+            raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
+        preset = VisionTransformerTrunk._resolve_arch(arch)
+        dims = preset['embed_dims'] if embed_dims is None else embed_dims
+        if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+            raise ValueError(f'embed_dims must be a positive int, got {dims!r}')
+        cnn = ResNetV2FrontEnd(in_channels, stem_channels, cnn_depths, cnn_channels,
+                               drop_path_rate=cnn_drop_path_rate, eps=ws_eps, with_cp=with_cp)
+        super().__init__(
+            arch, img_size=img_size, patch_size=self.CNN_STRIDE, in_channels=in_channels,
+            embed_dims=dims, num_layers=num_layers, num_heads=num_heads, mlp_ratio=mlp_ratio,
+            out_indices=-1, qkv_bias=qkv_bias, drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, with_cls_token=True,
+            norm_cfg=norm_cfg, act_cfg=act_cfg, pre_norm=False, final_norm=final_norm,
+            interpolate_mode=interpolate_mode, window_size=window_size,
+            global_attn_indexes=global_attn_indexes, use_rel_pos=use_rel_pos, with_cp=with_cp,
+            frozen_stages=-1, patch_embed=HybridEmbed(cnn, dims), pretrained=pretrained,
+            init_cfg=init_cfg)
+
+        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
+            out_indices = (out_indices, )
+        if not isinstance(out_indices, (list, tuple)) or not out_indices or any(
+                isinstance(i, bool) or i not in (0, 1, 2, 3) for i in out_indices):
+            raise ValueError(f'out_indices must be pyramid levels in 0..3, got {out_indices!r}')
+        if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) or \
+                not -1 <= frozen_stages <= 3 + self.num_layers:
+            raise ValueError(f'frozen_stages must be an int in [-1, {3 + self.num_layers}] '
+                             f'(3 + num_layers), got {frozen_stages!r}')
+        self.out_indices = tuple(out_indices)
+        self.strides = (4, 8, 16, 32)
+        native = [cnn.channels[0], cnn.channels[1], dims, dims]
+        wanted = _level_channels(out_channels, native)
+        projs = []
+        for level, (c_in, c_out) in enumerate(zip(native, wanted)):
+            if c_out is None:
+                projs.append(nn.Identity())
+                continue
+            if isinstance(c_out, bool) or not isinstance(c_out, int) or c_out < 1:
+                raise ValueError(f'out_channels[{level}] must be a positive int or None, got '
+                                 f'{c_out!r}')
+            if out_norm and c_out % 32:
+                raise ValueError(f'out_channels[{level}]={c_out} must be divisible by 32 for '
+                                 'GroupNorm(32) (or set out_norm=False)')
+            layers = [nn.Conv2d(c_in, c_out, 1, bias=not out_norm)]
+            if out_norm:
+                layers.append(nn.GroupNorm(32, c_out))
+            projs.append(nn.Sequential(*layers))
+        self.level_projs = nn.ModuleList(projs)
+        self.num_features = [c if w is None else w for c, w in zip(native, wanted)]
+        self.downsample32 = MaxPool2dSame(kernel_size=2, stride=2)
+        self.frozen_stages = frozen_stages
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------------------ modes
+    def frozen_modules(self) -> List[nn.Module]:
+        """Modules frozen by ``frozen_stages`` (see the class docstring), input side first."""
+        f = self.frozen_stages
+        if f < 0:
+            return []
+        cnn = self.patch_embed.backbone
+        mods: List[nn.Module] = [cnn.stem] + list(cnn.stages[:min(f, 3)])
+        if f >= 3:
+            mods += [self.patch_embed.proj, self.drop_after_pos]
+            mods += list(self.blocks[:f - 3])
+            if f - 3 == self.num_layers and self.norm is not None:
+                mods.append(self.norm)
+        return mods
+
+    def _freeze_stages(self) -> None:
+        # Also called by the trunk's constructor, before this class has set its attributes.
+        if getattr(self, 'frozen_stages', -1) >= 3:
+            self.pos_embed.requires_grad = False
+            self.cls_token.requires_grad = False
+        if getattr(self, 'frozen_stages', -1) >= 0:
+            for m in self.frozen_modules():
+                m.eval()
+                for p in m.parameters():
+                    p.requires_grad = False
+
+    # ---------------------------------------------------------------------------- forward
+    def forward_vit_input(self, x: torch.Tensor):
+        """Run the front end: ``(cnn maps [s4, s8, s16], seq (B, 1 + h*w, C), grid)``; ``seq``
+        is what the first ViT block receives (CLS + pos-embed added)."""
+        feats = self.patch_embed.backbone(x)
+        tokens, grid = self.patch_embed.project(feats[-1])
+        seq, grid = self.embed_tokens(tokens, grid)
+        return feats, seq, grid
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of (B, C_i, ceil(H/s_i),
+        ceil(W/s_i)) for the levels in ``out_indices``.
+
+        No global padding is needed: every strided op pads TF-'SAME' style, so the CNN maps
+        are already ``ceil(H / s)`` and the ViT attends to real tokens only (padding the
+        image to 32 would add tokens of an empty border to the global attention and change
+        the features of the image itself).
+        """
+        check_image_input(x, self.in_channels)
+        feats, seq, grid = self.forward_vit_input(x)
+        seq = self.forward_blocks(seq, grid)
+        if self.norm is not None:
+            seq = self.norm(seq)
+        vit_map = self.seq_to_map(seq, grid)
+        levels = [feats[0], feats[1], vit_map]
+        if 3 in self.out_indices:
+            levels.append(self.downsample32(vit_map))
+        return tuple(self.level_projs[i](levels[i]) for i in self.out_indices)
+
+    # ------------------------------------------------------------------------ checkpoints
+    def convert_checkpoint(self, state_dict):
+        """timm hybrid or our state dict -> this model's keys and sizes (used by init_cfg).
+
+        A timm (classification) file cannot hold the pyramid projections: they keep their
+        initialisation without being reported as missing, so the one warning lists only
+        surprises (and the unused classifier).
+        """
+        from ...checkpoint.hybrid_vit import adapt_hybrid_state_dict, convert_hybrid_state_dict
+        converted, fmt = convert_hybrid_state_dict(state_dict)
+        converted = adapt_hybrid_state_dict(converted, self)
+        if fmt == 'timm':
+            for key, value in self.state_dict().items():
+                if key.startswith('level_projs.'):
+                    converted.setdefault(key, value)
+        return converted

@@ -1,0 +1,130 @@
+"""tools/demo.py (2-iteration smoke runs of both demo configs), tools/visualize.py and
+tools/make_shapes.py on tiny generated data."""
+import json
+import os.path as osp
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CONFIG = osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_swin_nano_shapes.py')
+SEG_CONFIG = osp.join(ROOT, 'configs', 'demo', 'upernet_swin_nano_shapes.py')
+sys.path.insert(0, osp.join(ROOT, 'tools'))
+
+import demo  # noqa: E402
+import visualize  # noqa: E402
+
+
+@pytest.fixture(scope='module')
+def tiny_shapes(tmp_path_factory):
+    from mmvitswin.datasets import make_shapes
+    root = tmp_path_factory.mktemp('demo_data') / 'shapes'
+    make_shapes(str(root), num_train=4, num_val=2, image_size=(64, 64), seed=1)
+    return str(root)
+
+
+def _run(args, timeout=600):
+    proc = subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f'{args} exited {proc.returncode}\n{proc.stdout[-3000:]}\n'
+                    f'{proc.stderr[-3000:]}')
+    return proc.stdout
+
+
+def test_rebase_data_root_reaches_datasets_and_evaluator():
+    cfg = Config.fromfile(DET_CONFIG)
+    changed = demo.rebase_data_root(cfg, '/elsewhere/shapes')
+    # train/val/test dataset roots + val/test evaluator ann_file
+    assert changed == 5
+    assert cfg.train_dataloader.dataset.data_root == '/elsewhere/shapes/coco/'
+    assert cfg.val_dataloader.dataset.data_root == '/elsewhere/shapes/coco/'
+    assert cfg.val_evaluator.ann_file == '/elsewhere/shapes/coco/annotations/instances_val.json'
+    assert cfg.train_dataloader.dataset.ann_file == 'annotations/instances_train.json'
+    seg = Config.fromfile(SEG_CONFIG)
+    demo.rebase_data_root(seg, 'x/y')
+    assert seg.val_dataloader.dataset.data_root == 'x/y/ade/'
+    with pytest.raises(ValueError, match='data_root'):
+        demo.rebase_data_root(Config(dict(model=dict())), 'z')
+
+
+def test_feature_panels_normalise_and_reject_bad_shapes():
+    feat = torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6)
+    panel = visualize.feature_panel(feat, height=8)
+    assert panel.shape == (8, 12, 3) and panel.dtype == np.uint8
+    # mean over channels is a ramp: the panel's first and last pixel are the colour-map ends
+    lut = cv2.applyColorMap(np.array([[0, 255]], np.uint8), cv2.COLORMAP_VIRIDIS)[0]
+    np.testing.assert_array_equal(panel[0, 0], lut[0])
+    np.testing.assert_array_equal(panel[-1, -1], lut[1])
+    flat = visualize.feature_panel(torch.ones(3, 2, 2), height=4)  # constant map -> no NaN
+    assert (flat == flat[0, 0]).all()
+    with pytest.raises(ValueError, match=r'\(C, H, W\)'):
+        visualize.feature_panel(torch.zeros(1, 2, 3, 4))
+    grid = visualize.feature_grid([torch.rand(8, 16, 16), torch.rand(16, 8, 8)], (64, 64),
+                                  height=32)
+    assert grid.shape[0] == 32 + 20 and grid.shape[1] >= 2 * 150
+
+
+@pytest.mark.parametrize('config, image', [
+    (DET_CONFIG, 'coco/val/000000.jpg'),
+    (SEG_CONFIG, 'ade/images/validation/000001.jpg'),
+])
+def test_visualize_cli_writes_pngs_for_random_model(tiny_shapes, tmp_path, config, image):
+    out = _run([osp.join('tools', 'visualize.py'), config, osp.join(tiny_shapes, image),
+                '--out-dir', str(tmp_path)])
+    stem = osp.splitext(osp.basename(image))[0]
+    pred = cv2.imread(str(tmp_path / f'{stem}_pred.png'))
+    feats = cv2.imread(str(tmp_path / f'{stem}_features.png'))
+    assert f'{stem}_pred.png' in out
+    assert pred is not None and pred.shape[:2] == (64, 64) and pred.std() > 0
+    # four stages side by side, each panel at least 150 px wide with its caption
+    assert feats is not None and feats.shape[1] >= 4 * 150 and feats.std() > 0
+
+
+def test_visualize_cli_reports_missing_files(tmp_path):
+    proc = subprocess.run([sys.executable, osp.join('tools', 'visualize.py'), DET_CONFIG,
+                           str(tmp_path / 'none.jpg')], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and 'image not found' in proc.stderr
+
+
+@pytest.mark.parametrize('seg', [False, True], ids=['mask_rcnn', 'upernet'])
+def test_demo_two_iterations(tiny_shapes, tmp_path, seg):
+    work = tmp_path / 'work'
+    args = [osp.join('tools', 'demo.py'), '--work-dir', str(work), '--data-root', tiny_shapes,
+            '--max-iters', '2', '--cfg-options', 'train_dataloader.batch_size=2',
+            'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+            'val_dataloader.num_workers=0', 'val_dataloader.persistent_workers=False']
+    out = _run(args + (['--seg'] if seg else []))
+    assert (work / 'iter_2.pth').is_file()
+    with open(work / 'metrics.json') as f:
+        record = json.load(f)
+    assert record['max_iters'] == 2
+    keys = ('mIoU', ) if seg else ('coco/bbox_mAP', 'coco/segm_mAP')
+    for key in keys:
+        assert key in record['metrics'] and 0 <= record['metrics'][key] <= 100
+    for line in ('work dir:', 'checkpoint:', 'metrics json:', 'predictions:', 'features:'):
+        assert line in out
+    pred = cv2.imread(str(work / 'vis' / '000000_pred.png'))
+    # ground truth on the left, prediction on the right
+    assert pred is not None and pred.shape[:2] == (64, 128)
+    ckpt = torch.load(work / 'iter_2.pth', map_location='cpu', weights_only=False)
+    assert ckpt['meta']['iter'] == 2
+
+
+def test_make_shapes_cli(tmp_path):
+    out = _run([osp.join('tools', 'make_shapes.py'), str(tmp_path / 's'), '--num-train', '2',
+                '--num-val', '1', '--size', '48', '64'])
+    summary = json.loads(out)
+    assert summary['train']['images'] == 2 and summary['image_size'] == [48, 64]
+    img = cv2.imread(str(tmp_path / 's' / 'coco' / 'train' / '000001.jpg'))
+    assert img.shape == (48, 64, 3)
+    proc = subprocess.run([sys.executable, osp.join('tools', 'make_shapes.py'), str(tmp_path),
+                           '--size', '8'], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and 'image_size' in proc.stderr

@@ -1,0 +1,136 @@
+"""Safe checkpoint loading: runner checkpoints load, anything else is refused clearly."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+MARKER_ENV = 'A1_SAFE_LOAD_MARKER'
+
+
+def _side_effect(path):
+    """What a malicious checkpoint would do on load: here, just create a file."""
+    with open(path, 'w') as f:
+        f.write('code ran')
+    return {}
+
+
+class Payload:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return _side_effect, (self.path, )
+
+
+def globals_in_checkpoint(path):
+    """Every non-default global a checkpoint pickles (ignoring any allow-list in effect)."""
+    saved = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
+        return set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    finally:
+        torch.serialization.add_safe_globals(saved)
+
+
+def _runner_like_checkpoint():
+    """What MMEngine's runner saves besides tensors (see CheckpointHook/Runner.save_checkpoint)."""
+    from mmengine.logging import MessageHub
+    hub = MessageHub.get_instance('a1_safe_load_test')
+    for i in range(3):
+        hub.update_scalar('train/loss', float(np.float64(1.0 / (i + 1))))
+    hub.update_info('best_score', np.float64(0.5))
+    hub.update_info('shape', np.zeros((2, 3), dtype=np.int32))
+    return dict(
+        meta=dict(epoch=1, iter=2, cfg='model = dict()', seed=0, mmengine_version='0.10.7',
+                  dataset_meta=dict(classes=('a', 'b'), palette=[(1, 2, 3), (4, 5, 6)])),
+        state_dict={'w': torch.ones(2)},
+        message_hub=hub.state_dict(),
+        optimizer=dict(state={0: dict(step=torch.tensor(2.), exp_avg=torch.zeros(2))},
+                       param_groups=[dict(lr=1e-4, betas=(0.9, 0.999), params=[0])]),
+        param_schedulers=[dict(last_step=2, by_epoch=False, base_values=[1e-4])])
+
+
+def test_runner_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
+    import mmvitswin  # noqa: F401  (installs the loaders)
+    from mmengine.runner.checkpoint import _load_checkpoint
+    from mmvitswin.checkpoint.safe_load import _allowed_names
+    monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
+    path = str(tmp_path / 'runner.pth')
+    torch.save(_runner_like_checkpoint(), path)
+    unsafe = globals_in_checkpoint(path)
+    assert {'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr'} <= unsafe
+    assert unsafe <= _allowed_names()
+    ckpt = _load_checkpoint(path, map_location='cpu')  # the path Runner.resume / load_from take
+    hub = ckpt['message_hub']
+    assert hub['log_scalars']['train/loss'].mean() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    assert hub['runtime_info']['best_score'] == 0.5
+    assert hub['runtime_info']['shape'].dtype == np.int32
+    assert ckpt['meta']['dataset_meta']['palette'] == [(1, 2, 3), (4, 5, 6)]
+    # plain torch.load (MMEngine's other call sites) accepts it too: allow-list is global
+    assert torch.load(path, map_location='cpu')['meta']['iter'] == 2
+
+
+def test_disallowed_object_is_refused_with_instructions(tmp_path, monkeypatch):
+    import mmvitswin  # noqa: F401
+    from mmengine.runner.checkpoint import _load_checkpoint
+    from mmvitswin.checkpoint import UntrustedCheckpointError
+    monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
+    marker = tmp_path / 'marker'
+    path = str(tmp_path / 'evil.pth')
+    ckpt = _runner_like_checkpoint()
+    ckpt['meta']['hook_msgs'] = Payload(str(marker))
+    torch.save(ckpt, path)
+    with pytest.raises(UntrustedCheckpointError) as info:
+        _load_checkpoint(path, map_location='cpu')
+    msg = str(info.value)
+    assert path in msg
+    assert f'{__name__}._side_effect' in msg  # names the offending global
+    assert 'MMVITSWIN_TRUST_CHECKPOINTS=1' in msg  # and how to load a trusted file
+    assert not marker.exists()
+    # explicit opt-in: the user trusts the file, so it is unpickled in full (code runs)
+    monkeypatch.setenv('MMVITSWIN_TRUST_CHECKPOINTS', '1')
+    loaded = _load_checkpoint(path, map_location='cpu')
+    assert marker.read_text() == 'code ran' and loaded['meta']['iter'] == 2
+
+
+def test_getattr_stand_in_only_reaches_history_buffer_methods(tmp_path, monkeypatch):
+    """A pickled getattr(np.ndarray, '__class__')-style walk must not get through."""
+    import pickle
+
+    import mmvitswin  # noqa: F401
+    from mmengine.runner.checkpoint import _load_checkpoint
+    from mmvitswin.checkpoint import UntrustedCheckpointError
+    monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
+
+    class Sneaky:
+        def __reduce__(self):
+            return getattr, (np.ndarray, '__subclasses__')
+
+    path = str(tmp_path / 'sneaky.pth')
+    torch.save({'x': Sneaky()}, path)
+    with pytest.raises(UntrustedCheckpointError, match='only HistoryBuffer statistics'):
+        _load_checkpoint(path, map_location='cpu')
+    assert issubclass(UntrustedCheckpointError, pickle.UnpicklingError)
+
+
+def test_tools_report_untrusted_resume_checkpoint(tmp_path, monkeypatch, capsys):
+    """--resume with a refused file: exit 2 and the explanation, no traceback."""
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location('a1_train_tool',
+                                                  os.path.join(root, 'tools', 'train.py'))
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
+    path = str(tmp_path / 'evil.pth')
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'x': Payload(str(tmp_path / 'm'))}, path)
+    cfg = tmp_path / 'toy.py'
+    cfg.write_text(
+        "custom_imports = dict(imports=['mmvitswin'], allow_failed_imports=False)\n"
+        "model = dict(type='mmvitswin.SwinTransformer', arch='tiny', depths=[1, 1, 1, 1])\n")
+    monkeypatch.chdir(tmp_path)
+    assert train.main([str(cfg), '--resume', path, '--work-dir', str(tmp_path / 'wd')]) == 2
+    err = capsys.readouterr().err
+    assert 'Refusing to load checkpoint' in err and 'MMVITSWIN_TRUST_CHECKPOINTS=1' in err
+    assert 'Traceback' not in err and not (tmp_path / 'm').exists()

@@ -1,0 +1,72 @@
+#!/usr/bin/env python
+"""Evaluate a checkpoint on the test split of a config (mmdet or mmseg, by its scope).
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--cfg-options KEY=VALUE ...]
+                         [--launcher none|pytorch|slurm|mpi]
+
+Several processes: tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS. Exit status 2 (and one
+message, no traceback) when the config, the checkpoint or the dataset is missing.
+"""
+import argparse
+import os
+import sys
+
+from mmengine.config import DictAction
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Test a model with MMEngine\'s Runner')
+    parser.add_argument('config', help='config file path')
+    parser.add_argument('checkpoint', help='checkpoint file (path or URL)')
+    parser.add_argument('--work-dir', help='where logs and metrics go '
+                        '(default: ./work_dirs/<config name>)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, e.g. test_dataloader.batch_size=1')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import mmvitswin  # noqa: F401  (registries, host bridge, safe checkpoint loading)
+    from mmengine.runner import Runner
+    from mmvitswin.checkpoint.safe_load import UntrustedCheckpointError
+    from mmvitswin.engine.data_check import missing_data, missing_data_message
+    from mmvitswin.engine.launch import (ToolError, init_distributed, load_config,
+                                         prepare_config)
+    try:
+        cfg = load_config(args.config, args.cfg_options)
+        notes = prepare_config(cfg, args.config, launcher=args.launcher,
+                               work_dir=args.work_dir, load_from=args.checkpoint)
+        cfg.resume = False
+        problems = missing_data(cfg, ['test'])
+        if problems:
+            raise ToolError(missing_data_message(problems, args.config))
+        init_distributed(args.launcher)
+    except ToolError as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        return 2
+
+    if 'runner_type' in cfg:
+        from mmengine.registry import RUNNERS
+        runner = RUNNERS.build(cfg)
+    else:
+        runner = Runner.from_cfg(cfg)
+    for note in notes:
+        runner.logger.info(f'mmvitswin tools: {note}')
+    try:
+        metrics = runner.test()
+    except UntrustedCheckpointError as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        return 2
+    print(metrics)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
