@@ -210,6 +210,8 @@ def machine_info(device: torch.device) -> dict:
         torch_interop_threads=torch.get_num_interop_threads(),
         device=str(device),
         cpu_memory_method=cpu_memory_method() if device.type == 'cpu' else None,
+        # these cap torch's default thread count; a shared machine may set them
+        thread_env={k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')},
     )
     for name in ('mmengine', 'mmcv', 'mmdet', 'mmseg'):
         try:

@@ -209,6 +209,9 @@ def test_argument_parsing_and_errors(tool):
         tool.parse_whole('no_such_model=64:1')
     with pytest.raises(ValueError, match='--runs'):
         tool.resolve_args(['--runs', '0'])
+    with pytest.raises(ValueError, match='--threads'):
+        tool.resolve_args(['--threads', 'many'])
+    assert tool.resolve_args(['--threads', 'auto']).threads == len(os.sched_getaffinity(0))
     args = tool.resolve_args(['--preset', 'standard', '--runs', '5'])
     assert args.runs == 5 and args.forward == ['224:8', '800x1344:1'] and args.whole_runs == 2
     cfg = tool.resolve_backbone_cfg('{"type": "SwinTransformer", "depths": [1, 1, 1, 1]}',

@@ -70,6 +70,27 @@ def test_feature_panels_normalise_and_reject_bad_shapes():
     assert grid.shape[0] == 32 + 20 and grid.shape[1] >= 2 * 150
 
 
+def test_upscale_sample_scales_boxes_masks_and_label_maps():
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData, PixelData
+    from mmseg.structures import SegDataSample
+    det = DetDataSample()
+    masks = torch.zeros(1, 4, 4, dtype=torch.bool)
+    masks[0, 1:3, 0:2] = True
+    det.pred_instances = InstanceData(bboxes=torch.tensor([[0., 1., 2., 3.]]), masks=masks,
+                                      scores=torch.ones(1), labels=torch.zeros(1).long())
+    big = visualize.upscale_sample(det, 3)
+    assert big.pred_instances.bboxes.tolist() == [[0., 3., 6., 9.]]
+    assert big.pred_instances.masks.shape == (1, 12, 12)
+    assert big.pred_instances.masks[0].sum() == 9 * masks.sum()
+    assert det.pred_instances.bboxes.tolist() == [[0., 1., 2., 3.]]  # input left untouched
+    seg = SegDataSample()
+    seg.pred_sem_seg = PixelData(data=torch.tensor([[[0, 1], [2, 3]]]))
+    big = visualize.upscale_sample(seg, 2)
+    assert big.pred_sem_seg.data.tolist() == [[[0, 0, 1, 1], [0, 0, 1, 1], [2, 2, 3, 3],
+                                               [2, 2, 3, 3]]]
+
+
 @pytest.mark.parametrize('config, image', [
     (DET_CONFIG, 'coco/val/000000.jpg'),
     (SEG_CONFIG, 'ade/images/validation/000001.jpg'),
@@ -81,7 +102,8 @@ def test_visualize_cli_writes_pngs_for_random_model(tiny_shapes, tmp_path, confi
     pred = cv2.imread(str(tmp_path / f'{stem}_pred.png'))
     feats = cv2.imread(str(tmp_path / f'{stem}_features.png'))
     assert f'{stem}_pred.png' in out
-    assert pred is not None and pred.shape[:2] == (64, 64) and pred.std() > 0
+    # a 64 px image is drawn 6x enlarged (short side >= 384) so the labels do not hide it
+    assert pred is not None and pred.shape[:2] == (384, 384) and pred.std() > 0
     # four stages side by side, each panel at least 150 px wide with its caption
     assert feats is not None and feats.shape[1] >= 4 * 150 and feats.std() > 0
 
@@ -111,8 +133,8 @@ def test_demo_two_iterations(tiny_shapes, tmp_path, seg):
     for line in ('work dir:', 'checkpoint:', 'metrics json:', 'predictions:', 'features:'):
         assert line in out
     pred = cv2.imread(str(work / 'vis' / '000000_pred.png'))
-    # ground truth on the left, prediction on the right
-    assert pred is not None and pred.shape[:2] == (64, 128)
+    # ground truth on the left, prediction on the right, both enlarged 6x
+    assert pred is not None and pred.shape[:2] == (384, 768)
     ckpt = torch.load(work / 'iter_2.pth', map_location='cpu', weights_only=False)
     assert ckpt['meta']['iter'] == 2
 

@@ -62,7 +62,7 @@ def test_same_seed_same_bytes_other_seed_differs(shapes_root, tmp_path):
     assert np.abs(a.astype(int) - c.astype(int)).mean() > 5
 
 
-def test_coco_masks_boxes_areas_and_occlusion(shapes_root):
+def test_coco_masks_boxes_areas_no_overlap(shapes_root):
     coco = _coco(shapes_root[0])
     assert sorted(coco.getCatIds()) == [1, 2, 3, 4]
     for img_id in coco.getImgIds():

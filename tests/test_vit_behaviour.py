@@ -102,7 +102,7 @@ def test_with_cp_gives_same_values_and_grads():
     a = _model('simple', window_size=3)
     b = _model('simple', window_size=3, with_cp=True)
     b.load_state_dict(a.state_dict())
-    x = torch.randn(1, 3, 48, 80)
+    x = torch.randn(1, 3, 32, 48)
     outs = []
     for m in (a, b):
         out = m(x)
@@ -154,7 +154,7 @@ def test_windows_are_independent_and_cls_skips_attention():
 
 
 def test_default_global_blocks_vitdet():
-    model = VisionTransformerTrunk('base', window_size=14, num_layers=12)
+    model = VisionTransformerTrunk('tiny', window_size=14)
     assert [blk.window_size for blk in model.blocks] == [14, 14, 0] * 4
 
 
@@ -203,6 +203,18 @@ def test_format_detection_and_errors():
     from mmvitswin.checkpoint import load_state_dict_reported
     sd = small.convert_checkpoint(ViTAdapter(**SMALL).state_dict())
     assert load_state_dict_reported(small, sd) == ([], [])
+
+
+def test_released_vit_adapter_keys_move_under_adapter():
+    model = _model('interaction')
+    ours = model.state_dict()
+    release = {}
+    for k, v in ours.items():  # the original ViT-Adapter layout: timm blocks, adapter on top
+        k = k.replace('ffn.layers.0.0.', 'mlp.fc1.').replace('ffn.layers.1.', 'mlp.fc2.')
+        release[k[len('adapter.'):] if k.startswith('adapter.') else k] = v
+    assert 'spm.stem.0.weight' in release and 'norm1.weight' in release
+    converted = model.convert_checkpoint(release)
+    assert set(converted) == set(ours)
 
 
 def test_rel_pos_tables_resized_on_load():
@@ -278,3 +290,32 @@ def test_replacement_patch_embed_is_used():
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 64, 96))
     assert outs[0].shape == (1, 256, 16, 24)
+
+
+@pytest.mark.parametrize('mode', ['simple', 'interaction'])
+def test_demo_mask_rcnn_trains_one_step(mode):
+    """The demo config builds in mmdet's scope, with the layer-decay constructor, and one
+    optimisation step on a batch of odd-size images runs and changes the trunk."""
+    import mmvitswin  # noqa: F401
+    from mmdet.registry import MODELS as DET
+    from mmdet.testing import demo_mm_inputs
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import DefaultScope
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = Config.fromfile(
+        os.path.join(root, 'configs', 'demo', f'mask_rcnn_vit_adapter_{mode}_shapes.py'))
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = DET.build(cfg.model)
+        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert type(model.backbone) is ViTAdapter and model.backbone.adapter_type == mode
+    data = demo_mm_inputs(2, image_shapes=[(3, 97, 123), (3, 128, 90)], num_items=[3, 2],
+                          num_classes=4, with_mask=True)
+    data = model.data_preprocessor(data, True)
+    before = model.backbone.blocks[0].attn.qkv.weight.detach().clone()
+    losses = model.loss(data['inputs'], data['data_samples'])
+    loss, _ = model.parse_losses(losses)
+    assert torch.isfinite(loss)
+    wrapper.update_params(loss)
+    assert not torch.equal(before, model.backbone.blocks[0].attn.qkv.weight)

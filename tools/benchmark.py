@@ -12,8 +12,9 @@ Examples::
     # what `make bench` runs (< 10 min on 2 CPU cores)
     python tools/benchmark.py --preset standard --out-dir bench_out
     # a backbone by registered name, a JSON dict or a config file (its model.backbone)
-    python tools/benchmark.py --backbone SwinTransformer --backbone-kwargs '{"depths": [2, 2, 18, 2]}' \\
-        --forward 224:8 800x1344:1 --train 512:2 --with-cp --sweep 224 512 800
+    python tools/benchmark.py --backbone SwinTransformer \\
+        --backbone-kwargs '{"depths": [2, 2, 18, 2]}' --forward 224:8 800x1344:1 \\
+        --train 512:2 --with-cp --sweep 224 512 800
     python tools/benchmark.py --backbone configs/some_detector.py --forward 512:2
     # whole models: an alias (maskrcnn, upernet) or an mmdet/mmseg config path, =HxW:BATCH
     python tools/benchmark.py --whole maskrcnn=512x512:1 upernet=512x512:2
@@ -43,8 +44,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from mmvitswin.benchmark import (autocast_context, count_flops, gemm_peak,  # noqa: E402
-                                 machine_info, measure_peak_memory, median, parse_dtype,
-                                 summarize, time_call)
+                                 machine_info, measure_peak_memory, parse_dtype, summarize,
+                                 time_call)
 
 Size = Tuple[int, int]
 VARIANTS = ('ours', 'ref')
@@ -53,7 +54,8 @@ MIB = 2**20
 # whole-model aliases: (host package, config path under <host>/.mim/configs)
 WHOLE_ALIASES = {
     'maskrcnn': ('mmdet', 'swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'),
-    'upernet': ('mmseg', 'swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'),
+    'upernet': ('mmseg',
+                'swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'),
 }
 
 # Presets fill every option the command line leaves unset.
@@ -62,7 +64,7 @@ PRESETS = {
         backbone='SwinTransformer', forward=['224:8', '800x1344:1'], train=['512:2'],
         with_cp=True, sweep=['224', '320', '512', '640', '800'], sweep_batch=1,
         whole=['maskrcnn=512x512:1', 'upernet=256x256:2'], runs=3, warmup=1,
-        cp_runs=2, whole_runs=2, whole_warmup=1),
+        cp_runs=2, whole_runs=2, whole_warmup=1, threads='auto'),
     # a one-minute smoke run of every code path
     'quick': dict(
         backbone='SwinTransformer', backbone_kwargs='{"depths": [1, 1, 1, 1]}',
@@ -71,18 +73,25 @@ PRESETS = {
 }
 DEFAULTS = dict(backbone='SwinTransformer', backbone_kwargs='{}', forward=[], train=[],
                 with_cp=False, sweep=[], sweep_batch=1, whole=[], runs=3, warmup=1,
-                cp_runs=None, whole_runs=None, whole_warmup=None)
+                cp_runs=None, whole_runs=None, whole_warmup=None, threads=None)
 
 # issue 8's goals, checked when the matching case was measured (fp32 only).
 # (label, case key, metric, comparison, goal)
 TARGETS = [
-    ('forward 224x224 b8 speed-up', ('backbone', 'forward', (224, 224), 8, False), 'speedup', '>=', 1.5),
-    ('forward 800x1344 b1 speed-up', ('backbone', 'forward', (800, 1344), 1, False), 'speedup', '>=', 1.5),
-    ('train 512x512 b2 speed-up', ('backbone', 'train', (512, 512), 2, False), 'speedup', '>=', 1.3),
-    ('train 512x512 b2 peak RSS ours/ref', ('backbone', 'train', (512, 512), 2, False), 'mem_ratio', '<=', 0.8),
-    ('with_cp peak / without (ours, 512x512 b2)', ('backbone', 'train', (512, 512), 2, True), 'cp_mem_ratio', '<=', 0.5),
-    ('forward 224x224 b8 % of GEMM peak', ('backbone', 'forward', (224, 224), 8, False), 'pct_gemm_peak', '>=', 60.0),
-    ('forward 800x1344 b1 % of GEMM peak', ('backbone', 'forward', (800, 1344), 1, False), 'pct_gemm_peak', '>=', 60.0),
+    ('forward 224x224 b8 speed-up',
+     ('backbone', 'forward', (224, 224), 8, False), 'speedup', '>=', 1.5),
+    ('forward 800x1344 b1 speed-up',
+     ('backbone', 'forward', (800, 1344), 1, False), 'speedup', '>=', 1.5),
+    ('train 512x512 b2 speed-up',
+     ('backbone', 'train', (512, 512), 2, False), 'speedup', '>=', 1.3),
+    ('train 512x512 b2 peak RSS ours/ref',
+     ('backbone', 'train', (512, 512), 2, False), 'mem_ratio', '<=', 0.8),
+    ('with_cp peak / without (ours, 512x512 b2)',
+     ('backbone', 'train', (512, 512), 2, True), 'cp_mem_ratio', '<=', 0.5),
+    ('forward 224x224 b8 % of GEMM peak',
+     ('backbone', 'forward', (224, 224), 8, False), 'pct_gemm_peak', '>=', 60.0),
+    ('forward 800x1344 b1 % of GEMM peak',
+     ('backbone', 'forward', (800, 1344), 1, False), 'pct_gemm_peak', '>=', 60.0),
 ]
 
 
@@ -506,7 +515,8 @@ class Runner:
         self.device = device
         self.overrides = json.loads(args.backbone_kwargs)
         if not isinstance(self.overrides, dict):
-            raise ValueError(f'--backbone-kwargs must be a JSON object, got {args.backbone_kwargs!r}')
+            raise ValueError(f'--backbone-kwargs must be a JSON object, got '
+                             f'{args.backbone_kwargs!r}')
         self.base_cfg = resolve_backbone_cfg(args.backbone, self.overrides)
         self._pairs: Dict[bool, Pair] = {}
         self.gemm: Dict[str, dict] = {}
@@ -803,6 +813,7 @@ def plot_sweep(records: List[dict], path: str) -> Optional[str]:
                         textcoords='offset points', xytext=(0, -14), ha='center', fontsize=8)
     ax.set_xlabel('input side (px, square)' if square else 'input size (megapixels)')
     ax.set_ylabel('forward time (ms, median)')
+    ax.set_ylim(bottom=0)  # room for the labels under the lowest points
     ax.set_title(f"forward, batch {pts[0]['batch']}, {pts[0]['dtype']} "
                  '(labels: ref time / our time)', fontsize=9)
     ax.grid(True, alpha=0.3)
@@ -825,7 +836,8 @@ def build_parser() -> argparse.ArgumentParser:
                    'including the backbones of --whole models [{}]')
     p.add_argument('--reference', choices=['mmdet', 'mmseg', 'none'], default='mmdet',
                    help="the reference Swin for backbone cases [mmdet]")
-    p.add_argument('--forward', nargs='*', help='forward (no grad) cases SIZE[:BATCH], SIZE = S|HxW')
+    p.add_argument('--forward', nargs='*',
+                   help='forward (no grad) cases SIZE[:BATCH], SIZE = S|HxW')
     p.add_argument('--train', nargs='*', help='train-step cases (forward + backward + AdamW)')
     p.add_argument('--with-cp', action='store_true', default=None,
                    help='also run every --train case with with_cp=True')
@@ -847,7 +859,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='fp32, or autocast to bf16/fp16')
     p.add_argument('--device', default='cpu', help='cpu | cuda | cuda:N')
     p.add_argument('--compile', action='store_true', help='torch.compile both models')
-    p.add_argument('--threads', type=int, help='torch.set_num_threads (default: torch default)')
+    p.add_argument('--threads', help="torch.set_num_threads: N, or 'auto' = every usable CPU "
+                   "(default: torch's, which follows OMP_NUM_THREADS; standard: auto)")
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out-dir', default='bench_out')
     return p
@@ -871,8 +884,17 @@ def resolve_args(argv=None) -> argparse.Namespace:
             raise ValueError(f'--{key.replace("_", "-")} must be >= 0, got {getattr(args, key)}')
     if args.sweep_batch < 1:
         raise ValueError(f'--sweep-batch must be >= 1, got {args.sweep_batch}')
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f'--threads must be >= 1, got {args.threads}')
+    if args.threads == 'auto':
+        args.threads = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+                        else os.cpu_count() or 1)
+    elif args.threads is not None:
+        try:
+            args.threads = int(args.threads)
+        except ValueError:
+            raise ValueError(f"--threads must be a positive int or 'auto', got "
+                             f'{args.threads!r}') from None
+        if args.threads < 1:
+            raise ValueError(f'--threads must be >= 1, got {args.threads}')
     parse_dtype(args.dtype)
     return args
 

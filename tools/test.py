@@ -64,7 +64,9 @@ def main(argv=None) -> int:
     except UntrustedCheckpointError as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 2
-    print(metrics)
+    from mmengine.dist import get_rank
+    if get_rank() == 0:
+        print(metrics)
     return 0
 
 

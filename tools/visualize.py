@@ -9,6 +9,7 @@ over channels normalised to [0, 1] and colour-mapped, labelled with the stage an
 Without a checkpoint the model keeps its random initialisation (a warning says so).
 """
 import argparse
+import copy
 import os
 import os.path as osp
 import sys
@@ -130,11 +131,48 @@ def predict_with_features(model, cfg: Config, img_path: str):
     return sample, [f[0] for f in features], tuple(inputs.shape[-2:])
 
 
+def _repeat(x, k: int):
+    """Nearest-neighbour upscale of the last two dims by the integer ``k``."""
+    if isinstance(x, torch.Tensor):
+        return x.repeat_interleave(k, -2).repeat_interleave(k, -1)
+    return np.repeat(np.repeat(x, k, -2), k, -1)
+
+
+def upscale_sample(sample, k: int):
+    """A copy of a det/seg data sample drawn ``k`` times larger: boxes scaled, masks and label
+    maps repeated. Tiny images would otherwise be hidden under the visualizer's labels."""
+    from mmengine.structures import PixelData
+    sample = copy.deepcopy(sample)  # BaseDataElement.clone() shares nested elements
+    for key in ('pred_instances', 'gt_instances'):
+        inst = sample.get(key)
+        if inst is None:
+            continue
+        if 'bboxes' in inst:
+            boxes = inst.bboxes.tensor if hasattr(inst.bboxes, 'tensor') else inst.bboxes
+            inst.bboxes = boxes * k
+        if 'masks' in inst:
+            masks = inst.masks
+            masks = masks.to_ndarray() if hasattr(masks, 'to_ndarray') else masks
+            inst.masks = _repeat(masks, k)
+    for key in ('pred_sem_seg', 'gt_sem_seg'):
+        seg = sample.get(key)
+        if seg is not None:
+            sample.set_field(PixelData(data=_repeat(seg.data, k)), key)
+    if 'seg_logits' in sample:
+        del sample.seg_logits
+    return sample
+
+
 def draw_prediction(cfg: Config, dataset_meta: Dict, img_path: str, sample, out_file: str,
-                    score_thr: float = 0.3, draw_gt: bool = False) -> str:
-    """Draw ``sample``'s predictions on the image with the mmdet/mmseg visualizer."""
+                    score_thr: float = 0.3, draw_gt: bool = False, min_side: int = 384) -> str:
+    """Draw ``sample``'s predictions on the image with the mmdet/mmseg visualizer; images
+    smaller than ``min_side`` are drawn enlarged by an integer factor (nearest)."""
     import mmcv
     image = mmcv.imread(img_path, channel_order='rgb')
+    k = max(1, -(-min_side // min(image.shape[:2])))
+    if k > 1:
+        image = np.ascontiguousarray(np.repeat(np.repeat(image, k, 0), k, 1))
+        sample = upscale_sample(sample, k)
     name = f'mmvitswin_vis_{uuid.uuid4().hex[:8]}'  # visualizers are named singletons
     if cfg.get('default_scope') == 'mmseg':
         from mmseg.visualization import SegLocalVisualizer

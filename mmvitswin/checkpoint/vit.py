@@ -6,7 +6,9 @@ Formats (detected from the keys, no flag needed):
 - ``timm``: timm / DeiT / AugReg / MAE / ViTDet-style (``blocks.N.attn.qkv``, ``blocks.N.mlp.fc1``,
   ``patch_embed.proj``, ``cls_token``, ``pos_embed``, final ``norm``; ``fc_norm``/``head`` of
   classifiers and MAE decoders are left for the loader to report as unused). A DeiT
-  ``dist_token`` is dropped together with its pos-embed entry.
+  ``dist_token`` is dropped together with its pos-embed entry. Released ViT-Adapter backbones
+  (the same block names plus top-level ``level_embed``, ``spm.*``, ``interactions.*``, ``up``,
+  ``norm1..4``) get their adapter keys moved under ``adapter.``.
 - ``mmseg``: mmseg 1.x ``VisionTransformer`` (``layers.N.attn.attn.in_proj_weight`` of
   ``nn.MultiheadAttention``, ``layers.N.ln1/ln2``, ``ffn.layers.*``, ``patch_embed.projection``,
   final ``ln1``, pre-norm ``ln_pre``).
@@ -37,6 +39,7 @@ _MM_BLOCK = (
     ('attn.attn.in_proj_bias', 'attn.qkv.bias'),
     ('attn.attn.out_proj.', 'attn.proj.'),
 )
+_ADAPTER_TOP = re.compile(r'(level_embed$|spm\.|interactions\.|up\.|norm[1-4]\.)')
 _MM_TOP = (('patch_embed.projection.', 'patch_embed.proj.'), ('ln1.', 'norm.'),
            ('ln_pre.', 'norm_pre.'), ('pre_norm.', 'norm_pre.'))
 
@@ -95,10 +98,15 @@ def convert_vit_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
     loader reports them in its one warning.
     """
     fmt = detect_vit_format(sd)
+    # released ViT-Adapter backbones keep the adapter at the top level; ours nests it
+    adapter_release = fmt == 'timm' and any(k.startswith(('spm.', 'interactions.')) for k in sd)
     if fmt in ('mmvitswin', 'timm'):
         out = OrderedDict()
         for key, value in sd.items():
             if key == 'dist_token':
+                continue
+            if adapter_release and _ADAPTER_TOP.match(key):
+                out['adapter.' + key] = value
                 continue
             if key == 'pos_embed' and 'dist_token' in sd:
                 value = torch.cat([value[:, :1], value[:, 2:]], dim=1)  # drop the dist entry

@@ -144,11 +144,26 @@ class WindowAttention(Attention):
         # q, k, v stay strided views of the projection output: the fused kernel reads them as is.
         q, k, v = self.qkv(x).view(bw, n, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
         bias = self.relative_bias(n, q.dtype)
-        if mask is None:
-            # A 4-D bias keeps SDPA on its fused CPU kernel (a 3-D one falls back to the math path).
-            attn_bias = bias.unsqueeze(0)
+        if self.use_sdpa and not bias.requires_grad:
+            # Fused CPU kernel: it needs a 4-D mask (a 3-D one falls back to the math path).
+            attn_bias = bias.unsqueeze(0) if mask is None else self.masked_bias(
+                bias, mask, bw // mask.shape[0])
+            out = self.attend(q, k, v, attn_bias)
         else:
-            attn_bias = self.masked_bias(bias, mask, bw // mask.shape[0])
-        out = self.attend(q, k, v, attn_bias)
+            # The fused kernel has no gradient for the mask, so SDPA would fall back to its math
+            # path (with extra safety passes); the explicit form is cheaper and broadcasts the
+            # per-window mask without materialising it over the batch.
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            if mask is None:
+                attn = attn + bias.unsqueeze(0)
+            else:
+                nw = mask.shape[0]
+                attn = attn.view(bw // nw, nw, h, n, n) + (
+                    bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1))
+                attn = attn.view(bw, h, n, n)
+            attn = attn.softmax(dim=-1)
+            if self.training and self.attn_drop:
+                attn = F.dropout(attn, self.attn_drop, training=True)
+            out = attn @ v
         out = out.transpose(1, 2).reshape(bw, n, c)
         return self.proj_drop(self.proj(out))
