@@ -10,6 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 MMCV_VERSION ?= 2.1.0
 # Built mmcv wheels are kept here, one folder per torch version, and reused by the next install.
 WHEEL_DIR ?= $(HOME)/.cache/mmvitswin/wheels
+FORCE_CUDA ?= 0
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 STAMP := $(VENV)/.stamps
 
@@ -44,7 +45,7 @@ $(STAMP)/mmcv: $(STAMP)/torch
 	if [ -z "$$whl" ]; then \
 		echo "Compiling mmcv $(MMCV_VERSION) with ops against torch $$tv (about 12 min on 2 cores)..."; \
 		mkdir -p "$$dir"; \
-		MMCV_WITH_OPS=1 FORCE_CUDA=$${FORCE_CUDA:-0} MAX_JOBS=$(JOBS) \
+		MMCV_WITH_OPS=1 FORCE_CUDA=$(FORCE_CUDA) MAX_JOBS=$(JOBS) \
 			$(BIN)/pip wheel --no-build-isolation --no-deps --no-cache-dir \
 			"mmcv==$(MMCV_VERSION)" -w "$$dir"; \
 		whl=$$(ls "$$dir"/mmcv-$(MMCV_VERSION)-*.whl | head -n 1); \

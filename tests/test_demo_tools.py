@@ -24,7 +24,8 @@ import visualize  # noqa: E402
 def tiny_shapes(tmp_path_factory):
     from mmvitswin.datasets import make_shapes
     root = tmp_path_factory.mktemp('demo_data') / 'shapes'
-    make_shapes(str(root), num_train=4, num_val=2, image_size=(64, 64), seed=1)
+    # the demo size: mmseg's class-weighted loss cannot take padded (255) pixels
+    make_shapes(str(root), num_train=4, num_val=2, image_size=(128, 128), seed=1)
     return str(root)
 
 
@@ -102,7 +103,7 @@ def test_visualize_cli_writes_pngs_for_random_model(tiny_shapes, tmp_path, confi
     pred = cv2.imread(str(tmp_path / f'{stem}_pred.png'))
     feats = cv2.imread(str(tmp_path / f'{stem}_features.png'))
     assert f'{stem}_pred.png' in out
-    # a 64 px image is drawn 6x enlarged (short side >= 384) so the labels do not hide it
+    # a 128 px image is drawn 3x enlarged (short side >= 384) so the labels do not hide it
     assert pred is not None and pred.shape[:2] == (384, 384) and pred.std() > 0
     # four stages side by side, each panel at least 150 px wide with its caption
     assert feats is not None and feats.shape[1] >= 4 * 150 and feats.std() > 0
@@ -133,7 +134,7 @@ def test_demo_two_iterations(tiny_shapes, tmp_path, seg):
     for line in ('work dir:', 'checkpoint:', 'metrics json:', 'predictions:', 'features:'):
         assert line in out
     pred = cv2.imread(str(work / 'vis' / '000000_pred.png'))
-    # ground truth on the left, prediction on the right, both enlarged 6x
+    # ground truth on the left, prediction on the right, both enlarged 3x
     assert pred is not None and pred.shape[:2] == (384, 768)
     ckpt = torch.load(work / 'iter_2.pth', map_location='cpu', weights_only=False)
     assert ckpt['meta']['iter'] == 2

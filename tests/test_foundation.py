@@ -38,3 +38,18 @@ def test_package_exposes_version_and_registry():
     assert mmvitswin.__version__ == '0.1.0'
     assert mmvitswin.MODELS.scope == 'mmvitswin'
     assert 'SwinTransformer' in mmvitswin.MODELS.module_dict
+
+
+def test_check_script_fails_loudly_without_compiled_ops(tmp_path):
+    # An mmcv whose compiled extension is missing (what an isolated build produces): the
+    # install check must fail with a message that says so.
+    fake = tmp_path / 'mmcv'
+    (fake / 'ops').mkdir(parents=True)
+    (fake / '__init__.py').write_text("__version__ = '2.1.0'\n")
+    (fake / 'ops' / '__init__.py').write_text(
+        "raise ModuleNotFoundError(\"No module named 'mmcv._ext'\")\n")
+    env = dict(__import__('os').environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, 'tools/check_mmcv_ops.py'], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 1
+    assert 'WITHOUT its compiled ops' in out.stderr and 'mmcv._ext' in out.stderr

@@ -146,3 +146,21 @@ def test_bad_inputs_raise_at_the_boundary(x, exc, msg):
 def test_bad_config_raises(kwargs, exc, msg):
     with pytest.raises(exc, match=msg):
         SwinTransformer(**kwargs)
+
+
+def test_ffn_recomputed_gelu_matches_autograd():
+    from mmvitswin.models.layers import FFN
+    torch.manual_seed(0)
+    ffn = FFN(8, 32).double().train()
+    x = torch.randn(4, 5, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ffn(t), (x, ))
+    out = ffn(x)
+    with torch.no_grad():
+        plain = ffn.layers(x)
+    assert torch.allclose(out, plain)
+    # the memory-saving path is really taken: GELU's output is not among the saved tensors
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t,
+                                                  lambda t: t):
+        ffn(x)
+    assert saved.count(torch.Size([4, 5, 32])) == 1

@@ -187,3 +187,45 @@ def test_leftover_keys_reported_in_one_warning(mmdet_swin, tmp_path):
     _, msgs = _load_via_init_cfg(path)
     assert len(msgs) == 1
     assert 'norm3.weight' in msgs[0] and 'extra.thing' in msgs[0]
+
+
+def test_convert_checkpoint_tool(mmdet_swin, tmp_path):
+    import subprocess
+    import sys
+    ms = _to_microsoft(mmdet_swin.state_dict())
+    src, dst = tmp_path / 'ms.pth', tmp_path / 'out.pth'
+    torch.save({'model': ms}, src)
+    run = [sys.executable, 'tools/convert_checkpoint.py', str(src), str(dst)]
+    out = subprocess.run(run, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert 'detected format: microsoft' in out.stdout
+    converted = torch.load(dst, weights_only=True)['state_dict']
+    model = SwinTransformer(drop_path_rate=0.)
+    result = model.load_state_dict(converted, strict=False)
+    # an ImageNet release has no per-stage output norms; everything else maps onto a key
+    assert sorted(result.missing_keys) == sorted(f'norm{i}.{p}' for i in range(4)
+                                                 for p in ('weight', 'bias'))
+    assert sorted(result.unexpected_keys) == ['head.bias', 'head.weight', 'norm.bias',
+                                              'norm.weight']
+    model.load_state_dict({k: v for k, v in mmdet_swin.state_dict().items()
+                           if k.startswith('norm')}, strict=False)
+    x = torch.randn(1, 3, 64, 64)
+    for g, w in zip(_outputs(model, x), _outputs(mmdet_swin, x)):
+        assert torch.allclose(g, w, atol=1e-5)
+    # an existing output is never overwritten without --force
+    before = dst.read_bytes()
+    again = subprocess.run(run, capture_output=True, text=True)
+    assert again.returncode == 2 and 'exists' in again.stderr
+    assert dst.read_bytes() == before
+    # fitted to a window-12 backbone, with a prefix for load_from
+    fitted = tmp_path / 'w12.pth'
+    out = subprocess.run(run[:2] + [str(src), str(fitted), '--prefix', 'backbone.', '--backbone',
+                                    '{"type": "SwinTransformer", "window_size": 12}'],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    sd = torch.load(fitted, weights_only=True)['state_dict']
+    assert sd['backbone.stages.0.blocks.0.attn.w_msa.relative_position_bias_table'].shape == (
+        529, 3)
+    bad = subprocess.run(run[:2] + [str(src), str(tmp_path / 'x.pth'), '--backbone', '{oops'],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and '--backbone is not valid JSON' in bad.stderr

@@ -46,7 +46,9 @@ model = dict(
         norm_cfg=norm_cfg,
         align_corners=False,
         # Background is ~88% of the pixels; down-weighting it stops a from-scratch model from
-        # settling on "all background" for hundreds of iterations.
+        # settling on "all background" for hundreds of iterations. mmseg 1.2.2's loss cannot
+        # combine class_weight with ignored (255) pixels, so the training images are used at
+        # their generated size, unpadded; drop class_weight if you pad or crop.
         loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0,
                          class_weight=[0.25, 1.0, 1.0, 1.0, 1.0])),
     auxiliary_head=dict(

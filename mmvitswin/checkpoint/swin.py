@@ -15,7 +15,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from ..models.layers import resize_pos_embed, resize_rel_pos_table
+from ..models.layers import relative_position_index, resize_pos_embed, resize_rel_pos_table
 from .loading import StateDict
 
 _BLOCK_RENAMES = (
@@ -83,6 +83,11 @@ def convert_swin_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
         for old, new in _BLOCK_RENAMES:
             rest = rest.replace(old, new)
         out[f'stages.{stage}.{rest}'] = value
+        if rest.endswith('relative_position_bias_table'):
+            # mmdet/mmseg save the derived index too; rebuild it so the result loads strictly
+            side = (int(round(value.shape[0]**0.5)) + 1) // 2
+            index_key = f'stages.{stage}.{rest[:-len("bias_table")]}index'
+            out[index_key] = relative_position_index((side, side))
     return out, fmt
 
 
@@ -113,7 +118,9 @@ def adapt_swin_state_dict(sd: StateDict, model) -> StateDict:
     own = model.state_dict()
     out = OrderedDict(sd)
     for key, value in sd.items():
-        if key.endswith('relative_position_bias_table') and key in own:
+        if key.endswith('relative_position_index') and key in own:
+            out[key] = own[key]  # derived from the model's window, never from the file
+        elif key.endswith('relative_position_bias_table') and key in own:
             rows, heads = own[key].shape
             if value.shape[1] != heads:
                 raise ValueError(f'{key}: checkpoint has {value.shape[1]} heads, model has {heads}')

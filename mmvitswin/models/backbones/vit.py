@@ -127,15 +127,12 @@ class ViTAttention(Attention):
         """x: (B, num_prefix + h*w, C) -> same shape; ``grid = (h, w)`` needed with rel pos."""
         if not self.use_rel_pos:
             return super().forward(x)
-        b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        q, k, v = self.qkv_heads(x)
         bias = decomposed_rel_pos_bias(q[:, :, num_prefix:], grid, self.rel_pos_h,
                                        self.rel_pos_w)
         if num_prefix:
             bias = F.pad(bias, (num_prefix, 0, num_prefix, 0))  # prefix pairs: no bias
-        out = self.attend(q, k, v, bias)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+        return self.out_proj(self.attend(q, k, v, bias))
 
 
 class ViTBlock(nn.Module):

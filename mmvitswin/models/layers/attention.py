@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .linear import linear
 from .window import relative_position_index
 
 
@@ -60,13 +61,21 @@ class Attention(nn.Module):
             attn = F.dropout(attn, drop, training=True)
         return attn @ v
 
+    def qkv_heads(self, x: torch.Tensor):
+        """x: (B, N, C) -> q, k, v: (B, heads, N, head_dim), strided views of one projection."""
+        b, n, _ = x.shape
+        qkv = linear(x, self.qkv.weight, self.qkv.bias)
+        return qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def out_proj(self, out: torch.Tensor) -> torch.Tensor:
+        """out: (B, heads, N, head_dim) -> (B, N, C) through the output projection."""
+        b, _, n, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)
+        return self.proj_drop(linear(out, self.proj.weight, self.proj.bias))
+
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, N, C) -> (B, N, C). ``bias``: additive, broadcastable to (B, heads, N, N)."""
-        b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        out = self.attend(qkv[0], qkv[1], qkv[2], bias)
-        out = out.transpose(1, 2).reshape(b, n, c)
-        return self.proj_drop(self.proj(out))
+        return self.out_proj(self.attend(*self.qkv_heads(x), bias))
 
 
 class WindowAttention(Attention):
@@ -139,10 +148,10 @@ class WindowAttention(Attention):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B * nW, N, C) windows; mask: (nW, N, N) shift mask or None -> (B * nW, N, C)."""
-        bw, n, c = x.shape
-        h, d = self.num_heads, self.head_dim
+        bw, n, _ = x.shape
+        h = self.num_heads
         # q, k, v stay strided views of the projection output: the fused kernel reads them as is.
-        q, k, v = self.qkv(x).view(bw, n, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self.qkv_heads(x)
         bias = self.relative_bias(n, q.dtype)
         if self.use_sdpa and not bias.requires_grad:
             # Fused CPU kernel: it needs a 4-D mask (a 3-D one falls back to the math path).
@@ -153,7 +162,8 @@ class WindowAttention(Attention):
             # The fused kernel has no gradient for the mask, so SDPA would fall back to its math
             # path (with extra safety passes); the explicit form is cheaper and broadcasts the
             # per-window mask without materialising it over the batch.
-            attn = (q * self.scale) @ k.transpose(-2, -1)
+            # scaling the product in place saves keeping a scaled copy of q for backward
+            attn = (q @ k.transpose(-2, -1)).mul_(self.scale)
             if mask is None:
                 attn = attn + bias.unsqueeze(0)
             else:
@@ -165,5 +175,4 @@ class WindowAttention(Attention):
             if self.training and self.attn_drop:
                 attn = F.dropout(attn, self.attn_drop, training=True)
             out = attn @ v
-        out = out.transpose(1, 2).reshape(bw, n, c)
-        return self.proj_drop(self.proj(out))
+        return self.out_proj(out)

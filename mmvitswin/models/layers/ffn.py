@@ -1,6 +1,9 @@
 """Feed-forward block and stochastic depth shared by the transformer backbones."""
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+from .linear import linear
 
 
 class DropPath(nn.Module):
@@ -21,6 +24,32 @@ class DropPath(nn.Module):
         return f'drop_prob={self.drop_prob}'
 
 
+class _GeluLinear(torch.autograd.Function):
+    """``linear(gelu(h), weight, bias)`` that saves ``h`` only and recomputes the GELU in backward.
+
+    The GELU output (as large as ``h``) is otherwise kept alive for the second linear's weight
+    gradient; recomputing it costs one elementwise pass and saves a quarter of a transformer
+    block's activation memory.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias):
+        ctx.save_for_backward(h, weight)
+        ctx.has_bias = bias is not None
+        return linear(F.gelu(h), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, weight = ctx.saved_tensors
+        g = F.gelu(h)
+        grad_g = linear(grad_out, weight.t().contiguous())
+        flat_out = grad_out.reshape(-1, grad_out.shape[-1])
+        grad_w = flat_out.t() @ g.reshape(-1, g.shape[-1])
+        grad_b = flat_out.sum(0) if ctx.has_bias else None
+        grad_h = torch.ops.aten.gelu_backward(grad_g, h)
+        return grad_h, grad_w, grad_b
+
+
 class FFN(nn.Module):
     """Two-layer MLP with GELU; the module layout (``layers.0.0`` / ``layers.1``) is the one of
     mmcv's ``FFN``, so mmdet/mmseg checkpoints load without renaming. Returns the branch only;
@@ -34,7 +63,15 @@ class FFN(nn.Module):
             nn.Linear(hidden_dims, embed_dims), nn.Dropout(drop))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+        fc1, act, drop1 = self.layers[0]
+        fc2, drop2 = self.layers[1], self.layers[2]
+        exact_gelu = type(act) is nn.GELU and act.approximate == 'none'
+        if not exact_gelu or (self.training and drop1.p > 0):
+            return self.layers(x)
+        if torch.is_grad_enabled():
+            return drop2(_GeluLinear.apply(linear(x, fc1.weight, fc1.bias), fc2.weight,
+                                                fc2.bias))
+        return linear(linear(x, fc1.weight, fc1.bias, 'gelu'), fc2.weight, fc2.bias)
 
 
 def drop_path_schedule(drop_path_rate: float, depths) -> list:
