@@ -429,7 +429,8 @@ class HybridViT(VisionTransformerTrunk):
     # ------------------------------------------------------------------------------ modes
     def frozen_modules(self) -> List[nn.Module]:
         """Modules frozen by ``frozen_stages`` (see the class docstring), input side first."""
-        f = self.frozen_stages
+        # getattr: the trunk's constructor freezes before this class has set its attributes
+        f = getattr(self, 'frozen_stages', -1)
         if f < 0:
             return []
         cnn = self.patch_embed.backbone
@@ -441,16 +442,10 @@ class HybridViT(VisionTransformerTrunk):
                 mods.append(self.norm)
         return mods
 
-    def _freeze_stages(self) -> None:
-        # Also called by the trunk's constructor, before this class has set its attributes.
+    def frozen_parameters(self) -> List[nn.Parameter]:
         if getattr(self, 'frozen_stages', -1) >= 3:
-            self.pos_embed.requires_grad = False
-            self.cls_token.requires_grad = False
-        if getattr(self, 'frozen_stages', -1) >= 0:
-            for m in self.frozen_modules():
-                m.eval()
-                for p in m.parameters():
-                    p.requires_grad = False
+            return [self.pos_embed, self.cls_token]
+        return []
 
     # ---------------------------------------------------------------------------- forward
     def forward_vit_input(self, x: torch.Tensor):

@@ -11,12 +11,12 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 
 from ...registry import MODELS
 from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA,
                       drop_path_schedule, resize_pos_embed, to_tuple)
 from ..utils import build_act, build_layer_norm, check_image_input
+from .base import TransformerBackbone, init_linear_and_norm
 
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
@@ -112,7 +112,7 @@ def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size,
 
 
 @MODELS.register_module()
-class SwinTransformer(BaseModule):
+class SwinTransformer(TransformerBackbone):
     """Swin Transformer returning NCHW maps at strides 4/8/16/32 (for ``out_indices``).
 
     Constructor: the union of mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` keyword
@@ -239,32 +239,7 @@ class SwinTransformer(BaseModule):
         """Truncated-normal init for linear layers and tables, as mmdet's ``init_weights``."""
         if self.use_abs_pos_embed:
             nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-
-    def init_weights(self) -> None:
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from ...checkpoint import load_pretrained
-            load_pretrained(self, cfg['checkpoint'], prefix=cfg.get('prefix'))
-            self._is_init = True
-        elif cfg is None:
-            self._init_random()
-            self._is_init = True
-        else:
-            super().init_weights()
-
-    # ------------------------------------------------------------------------------ modes
-    def train(self, mode: bool = True) -> 'SwinTransformer':
-        super().train(mode)
-        self._freeze_stages()
-        return self
+        init_linear_and_norm(self.modules())
 
     def frozen_modules(self):
         """Modules frozen by ``frozen_stages``, in the order mmdet freezes them."""
@@ -277,13 +252,10 @@ class SwinTransformer(BaseModule):
             mods.append(self.stages[i - 1])
         return mods
 
-    def _freeze_stages(self) -> None:
+    def frozen_parameters(self):
         if self.frozen_stages >= 0 and self.use_abs_pos_embed:
-            self.absolute_pos_embed.requires_grad = False
-        for m in self.frozen_modules():
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
+            return [self.absolute_pos_embed]
+        return []
 
     # ---------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

@@ -15,11 +15,11 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 
 from ...registry import MODELS
 from ..layers import (DropPath, PatchEmbed, PatchMerging, WindowAttention, drop_path_schedule,
                       shifted_window_attention, to_tuple)
+from .base import TransformerBackbone
 from ..utils import build_act, build_layer_norm, check_image_input
 from .swin import SwinStage, SwinTransformer
 
@@ -109,7 +109,7 @@ def validate_swin3d_config(embed_dims: int, depths: Sequence[int], num_heads: Se
 
 
 @MODELS.register_module()
-class SwinTransformer3D(BaseModule):
+class SwinTransformer3D(TransformerBackbone):
     """Video Swin Transformer returning ``(B, C_i, T', H_i, W_i)`` maps for ``out_indices``.
 
     Constructor, defaults and state-dict keys are those of mmaction2 1.2's
@@ -218,35 +218,7 @@ class SwinTransformer3D(BaseModule):
         self._freeze_stages()
 
     # ----------------------------------------------------------------------------- weights
-    def _init_random(self) -> None:
-        """mmaction2's default init: truncated normal (std 0.02) Linear, unit LayerNorm."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-
-    def init_weights(self) -> None:
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from ...checkpoint import load_pretrained
-            load_pretrained(self, cfg['checkpoint'], prefix=cfg.get('prefix'))
-            self._is_init = True
-        elif cfg is None:
-            self._init_random()
-            self._is_init = True
-        else:
-            super().init_weights()
-
     # ------------------------------------------------------------------------------ modes
-    def train(self, mode: bool = True) -> 'SwinTransformer3D':
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
     def frozen_modules(self):
         """Modules frozen by ``frozen_stages``, in mmaction2's order."""
         if self.frozen_stages < 0:
@@ -256,12 +228,6 @@ class SwinTransformer3D(BaseModule):
             mods.append(self.pos_drop)
             mods.extend(self.layers[:self.frozen_stages])
         return mods
-
-    def _freeze_stages(self) -> None:
-        for m in self.frozen_modules():
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
 
     # ---------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:

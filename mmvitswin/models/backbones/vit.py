@@ -23,11 +23,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 
 from ...registry import MODELS
 from ..layers import (FFN, Attention, DropPath, PatchEmbed, pad_to_multiple, resize_pos_embed,
                       resize_rel_pos_1d, to_tuple, window_partition, window_reverse)
+from .base import TransformerBackbone, init_linear_and_norm
 from ..utils import build_act, build_layer_norm, check_image_input
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -217,7 +217,7 @@ class SimpleFeaturePyramid(nn.Module):
 
 
 # ---------------------------------------------------------------------------------- trunk
-class VisionTransformerTrunk(BaseModule):
+class VisionTransformerTrunk(TransformerBackbone):
     """Plain ViT trunk: patch embedding, CLS token, abs pos-embed, blocks, final norm.
 
     Unregistered; :class:`ViTAdapter` (and the hybrid ResNet+ViT) build on it. Parameter names
@@ -405,29 +405,11 @@ class VisionTransformerTrunk(BaseModule):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.with_cls_token:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
-        for name, m in self.named_modules():
-            if name.startswith('adapter.') or (name.startswith('patch_embed.') and
-                                               not isinstance(self.patch_embed, PatchEmbed)):
-                continue  # adapters and a replacement stem keep their own init
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-
-    def init_weights(self) -> None:
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from ...checkpoint import load_pretrained
-            load_pretrained(self, cfg['checkpoint'], prefix=cfg.get('prefix'))
-            self._is_init = True
-        elif cfg is None:
-            self._init_random()
-            self._is_init = True
-        else:
-            super().init_weights()
+        # adapters and a replacement stem keep their own init
+        init_linear_and_norm(
+            m for name, m in self.named_modules()
+            if not (name.startswith('adapter.') or (name.startswith('patch_embed.') and
+                                                   not isinstance(self.patch_embed, PatchEmbed))))
 
     def convert_checkpoint(self, state_dict):
         """Any supported ViT state dict -> this model's keys and sizes (used by init_cfg)."""
@@ -447,11 +429,6 @@ class VisionTransformerTrunk(BaseModule):
         return self.num_layers + 1
 
     # ------------------------------------------------------------------------------ modes
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
     def frozen_modules(self) -> List[nn.Module]:
         if self.frozen_stages < 0:
             return []
@@ -463,15 +440,10 @@ class VisionTransformerTrunk(BaseModule):
             mods.append(self.norm)
         return mods
 
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages >= 0:
-            self.pos_embed.requires_grad = False
-            if self.with_cls_token:
-                self.cls_token.requires_grad = False
-        for m in self.frozen_modules():
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
+    def frozen_parameters(self) -> List[nn.Parameter]:
+        if self.frozen_stages < 0:
+            return []
+        return [self.pos_embed] + ([self.cls_token] if self.with_cls_token else [])
 
     # ---------------------------------------------------------------------------- forward
     def prepare_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:

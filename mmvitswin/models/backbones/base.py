@@ -1,0 +1,65 @@
+"""Life-cycle shared by every backbone: random init, Pretrained loading, frozen parts."""
+from typing import Iterable, List
+
+import torch.nn as nn
+from mmengine.model import BaseModule
+
+
+def init_linear_and_norm(modules: Iterable[nn.Module]) -> None:
+    """Truncated-normal (std 0.02) Linear weights with zero bias and unit LayerNorms: the
+    default init of the mmdet/mmseg/mmaction2 transformers and of timm's ViT."""
+    for m in modules:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+class TransformerBackbone(BaseModule):
+    """Base of our backbones.
+
+    - ``init_weights()``: ``init_cfg=dict(type='Pretrained', checkpoint=...)`` goes through
+      :func:`mmvitswin.checkpoint.load_pretrained` (format auto-detection via the subclass's
+      ``convert_checkpoint``); no ``init_cfg`` re-runs the subclass's ``_init_random``; any other
+      ``init_cfg`` is MMEngine's.
+    - ``train(mode)`` returns ``self`` and keeps what ``frozen_modules()`` /
+      ``frozen_parameters()`` name frozen: no grad, and modules stay in eval mode.
+    """
+
+    def _init_random(self) -> None:
+        init_linear_and_norm(self.modules())
+
+    def init_weights(self) -> None:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            from ...checkpoint import load_pretrained
+            load_pretrained(self, cfg['checkpoint'], prefix=cfg.get('prefix'))
+            self._is_init = True
+        elif cfg is None:
+            self._init_random()
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    def frozen_modules(self) -> List[nn.Module]:
+        return []
+
+    def frozen_parameters(self) -> List[nn.Parameter]:
+        """Parameters frozen on their own (position embeddings, tokens)."""
+        return []
+
+    def _freeze_stages(self) -> None:
+        for p in self.frozen_parameters():
+            p.requires_grad = False
+        for m in self.frozen_modules():
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
