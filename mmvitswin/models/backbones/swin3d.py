@@ -14,14 +14,13 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
 from ..layers import (DropPath, PatchEmbed, PatchMerging, WindowAttention, drop_path_schedule,
                       shifted_window_attention, to_tuple)
 from .base import TransformerBackbone
 from ..utils import build_act, build_layer_norm, check_image_input
-from .swin import SwinStage, SwinTransformer
+from .swin import SwinBlock, SwinStage, SwinTransformer
 
 
 class Mlp(nn.Module):
@@ -68,16 +67,15 @@ class SwinBlock3D(nn.Module):
         self.norm2 = build_layer_norm(norm_cfg, embed_dims)
         self.mlp = Mlp(embed_dims, ffn_dims, act_layer=build_act(act_cfg), drop=drop_rate)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        attn = shifted_window_attention(self.norm1(x), self.attn, self.window, self.shift,
-                                        self.clamp_to_input)
-        x = x + self.drop_path(attn)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+    def _attn_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop_path(
+            shifted_window_attention(self.norm1(x), self.attn, self.window, self.shift,
+                                     self.clamp_to_input))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, use_reentrant=False)
-        return self._forward(x)
+    def _ffn_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop_path(self.mlp(self.norm2(x)))
+
+    forward = SwinBlock.forward  # the residual structure and per-branch checkpointing
 
 
 def validate_swin3d_config(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
