@@ -91,15 +91,17 @@ def convert_swin_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
     return out, fmt
 
 
-def swin_arch_of(sd: StateDict) -> Dict[str, object]:
-    """embed_dims and blocks per stage of a state dict in our layout."""
+def swin_arch_of(sd: StateDict, stage_key: str = 'stages',
+                 embed_key: str = 'patch_embed.projection.weight') -> Dict[str, object]:
+    """embed_dims and blocks per stage of a Swin state dict whose blocks are named
+    ``{stage_key}.{s}.blocks.{b}.*`` (``layers`` for the video Swin)."""
     depths: Dict[int, int] = {}
     for k in sd:
-        m = re.match(r'stages\.(\d+)\.blocks\.(\d+)\.', k)
+        m = re.match(rf'{stage_key}\.(\d+)\.blocks\.(\d+)\.', k)
         if m:
             s, b = int(m.group(1)), int(m.group(2))
             depths[s] = max(depths.get(s, 0), b + 1)
-    w = sd.get('patch_embed.projection.weight')
+    w = sd.get(embed_key)
     return dict(embed_dims=None if w is None else w.shape[0],
                 depths=tuple(depths.get(s, 0) for s in range(max(depths) + 1)) if depths else ())
 

@@ -20,7 +20,7 @@ import torch
 
 from ..models.layers import resize_rel_pos_table
 from .loading import StateDict
-from .swin import convert_swin_state_dict
+from .swin import convert_swin_state_dict, swin_arch_of
 
 _PATCH_KEYS = ('patch_embed.proj.weight', 'patch_embed.projection.weight')
 _DERIVED = re.compile(r'(attn_mask|relative_position_index|relative_coords_table)$')
@@ -126,15 +126,7 @@ def _source_window_3d(rows: int, window: Sequence[int], key: str) -> Tuple[int, 
 
 def swin3d_arch_of(sd: StateDict) -> dict:
     """embed_dims and blocks per stage of a video Swin state dict."""
-    depths = {}
-    for k in sd:
-        m = re.match(r'layers\.(\d+)\.blocks\.(\d+)\.', k)
-        if m:
-            s, b = int(m.group(1)), int(m.group(2))
-            depths[s] = max(depths.get(s, 0), b + 1)
-    w = sd.get('patch_embed.proj.weight')
-    return dict(embed_dims=None if w is None else w.shape[0],
-                depths=tuple(depths.get(s, 0) for s in range(max(depths) + 1)) if depths else ())
+    return swin_arch_of(sd, stage_key='layers', embed_key='patch_embed.proj.weight')
 
 
 def convert_swin3d_state_dict(sd: StateDict, model) -> StateDict:
