@@ -238,7 +238,7 @@ def test_built_from_mmdet_and_mmseg_registries():
 # -------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize('kwargs, exc, match', [
     (dict(adapter='fpn'), ValueError, 'adapter must be'),
-    (dict(adapter='simple', patch_size=14), ValueError, 'patch_size=16'),
+    (dict(adapter='simple', patch_size=14), ValueError, 'needs patch_size in'),
     (dict(adapter='simple', out_indices=(4, )), ValueError, 'pyramid levels'),
     (dict(adapter='simple', adapter_cfg=dict(channels=3)), ValueError, 'out_channels only'),
     (dict(out_indices=(7, )), ValueError, 'out_indices'),
@@ -319,3 +319,23 @@ def test_demo_mask_rcnn_trains_one_step(mode):
     assert torch.isfinite(loss)
     wrapper.update_params(loss)
     assert not torch.equal(before, model.backbone.blocks[0].attn.qkv.weight)
+
+
+@pytest.mark.parametrize('patch', [8, 16])
+def test_simple_pyramid_from_stride_8_and_16(patch):
+    from mmvitswin.models.backbones.vit import SimpleFeaturePyramid, ViTAdapter
+    sfp = SimpleFeaturePyramid(32, 8, in_stride=patch)
+    x = torch.randn(2, 32, 8, 12)  # a stride-`patch` map
+    outs = sfp(x)
+    assert [tuple(o.shape[2:]) for o in outs] == [(8 * patch // s, 12 * patch // s)
+                                                   for s in (4, 8, 16, 32)]
+    # the level at the input stride is the identity before its output head
+    same = [s for s in (4, 8, 16, 32)].index(patch)
+    assert isinstance(sfp.rescale[same], torch.nn.Identity)
+    model = ViTAdapter(arch=dict(embed_dims=32, num_layers=2, num_heads=2,
+                                 feedforward_channels=64), img_size=64, patch_size=patch,
+                       adapter='simple', adapter_cfg=dict(out_channels=8))
+    outs = model(torch.randn(1, 3, 45, 71))
+    assert [tuple(o.shape[2:]) for o in outs] == [(-(-45 // s), -(-71 // s))
+                                                   for s in (4, 8, 16, 32)]
+    sum(o.sum() for o in outs).backward()

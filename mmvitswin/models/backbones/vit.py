@@ -187,33 +187,43 @@ class ViTBlock(nn.Module):
 
 
 class SimpleFeaturePyramid(nn.Module):
-    """ViTDet's simple feature pyramid from one stride-``p`` map to strides p/4, p/2, p, 2p.
+    """ViTDet's simple feature pyramid: strides 4, 8, 16, 32 from one stride-``in_stride`` map.
 
-    Scale 4: two 2x2 stride-2 deconvolutions with LayerNorm2d + GELU between; scale 2: one
-    deconvolution; scale 1: identity; scale 1/2: 2x2 max-pool. Each level then goes through
-    1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to ``out_channels`` (convs without bias,
-    as the norms follow). ``forward((B, C, h, w))`` returns four NCHW maps, finest first.
+    For a stride-16 map (ViTDet): x4 = two 2x2 stride-2 deconvolutions with LayerNorm2d + GELU
+    between, x2 = one deconvolution, x1 = identity, x1/2 = 2x2 max-pool. Other power-of-two
+    strides shift the same recipe (stride 8: x2, identity, /2 and /4 max-pools). Each level
+    then goes through 1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to ``out_channels``
+    (convs without bias, as the norms follow). ``forward((B, C, h, w))`` returns four NCHW maps,
+    finest first.
     """
 
-    def __init__(self, in_channels: int, out_channels: int = 256):
+    def __init__(self, in_channels: int, out_channels: int = 256, in_stride: int = 16):
         super().__init__()
-        c = in_channels
-        self.scale4 = nn.Sequential(
-            nn.ConvTranspose2d(c, c // 2, 2, stride=2), LayerNorm2d(c // 2), nn.GELU(),
-            nn.ConvTranspose2d(c // 2, c // 4, 2, stride=2))
-        self.scale2 = nn.ConvTranspose2d(c, c // 2, 2, stride=2)
-        self.scale1 = nn.Identity()
-        self.scale05 = nn.MaxPool2d(2, stride=2)
+        if in_stride not in (4, 8, 16, 32):
+            raise ValueError(f'in_stride (the patch size) must be 4, 8, 16 or 32, got {in_stride}')
+        self.rescale = nn.ModuleList()
+        dims = []
+        for stride in (4, 8, 16, 32):
+            c, layers = in_channels, []
+            up = in_stride // stride  # number of x2 upsamplings = log2(up)
+            while up > 1:
+                if layers:
+                    layers += [LayerNorm2d(c), nn.GELU()]
+                layers.append(nn.ConvTranspose2d(c, c // 2, 2, stride=2))
+                c, up = c // 2, up // 2
+            if stride > in_stride:
+                layers.append(nn.MaxPool2d(stride // in_stride, stride=stride // in_stride))
+            self.rescale.append(nn.Sequential(*layers) if layers else nn.Identity())
+            dims.append(c)
         self.outputs = nn.ModuleList([
             nn.Sequential(
-                nn.Conv2d(dims, out_channels, 1, bias=False), LayerNorm2d(out_channels),
+                nn.Conv2d(d, out_channels, 1, bias=False), LayerNorm2d(out_channels),
                 nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
-                LayerNorm2d(out_channels)) for dims in (c // 4, c // 2, c, c)
+                LayerNorm2d(out_channels)) for d in dims
         ])
 
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
-        levels = [self.scale4(x), self.scale2(x), self.scale1(x), self.scale05(x)]
-        return [head(level) for head, level in zip(self.outputs, levels)]
+        return [head(rescale(x)) for head, rescale in zip(self.outputs, self.rescale)]
 
 
 # ---------------------------------------------------------------------------------- trunk
@@ -531,17 +541,19 @@ class ViTAdapter(VisionTransformerTrunk):
                 raise ValueError(f'out_indices must be pyramid levels in 0..3 with an adapter, '
                                  f'got {out_indices!r}')
             self.out_indices = tuple(levels)
-            if self.patch_size != 16:
-                raise ValueError(f'adapter={adapter!r} needs patch_size=16 (strides 4..32 are '
-                                 f'built from the stride-16 map), got {self.patch_size}; '
-                                 'checkpoints with other patch sizes are resampled on loading')
+            allowed = (4, 8, 16, 32) if adapter == 'simple' else (16, )
+            if self.patch_size not in allowed:
+                raise ValueError(f'adapter={adapter!r} needs patch_size in {allowed} (strides '
+                                 f'4..32 are built from the stride-patch map), got '
+                                 f'{self.patch_size}; checkpoints with other patch sizes are '
+                                 'resampled on loading')
         self.adapter_type = adapter
         if adapter == 'simple':
             out_channels = adapter_cfg.pop('out_channels', 256)
             if adapter_cfg:
                 raise ValueError(f"adapter_cfg for 'simple' accepts out_channels only, got "
                                  f'{sorted(adapter_cfg)}')
-            self.adapter = SimpleFeaturePyramid(self.embed_dims, out_channels)
+            self.adapter = SimpleFeaturePyramid(self.embed_dims, out_channels, self.patch_size)
         elif adapter == 'interaction':
             self.adapter = self._build_interaction(adapter_cfg)
         else:
@@ -569,7 +581,7 @@ class ViTAdapter(VisionTransformerTrunk):
         if self.adapter_type is None:
             return self.forward_trunk(x)
         h, w = x.shape[-2:]
-        multiple = 2 * self.patch_size
+        multiple = max(32, 2 * self.patch_size)  # the coarsest level is stride 32
         x = F.pad(x, (0, (-w) % multiple, 0, (-h) % multiple))
         if self.adapter_type == 'simple':
             seq, grid = self.prepare_tokens(x)
