@@ -576,9 +576,11 @@ class Runner:
                 runnable = self._maybe_compile(model)
                 make = forward_step if case.kind == 'forward' else backbone_train_step
                 steps[name] = make(runnable, x, device, args.dtype)
-            # with_cp only adds recomputation: its useful FLOPs are the plain case's
+            # with_cp only adds recomputation: its useful FLOPs are the plain case's. Counted on
+            # the reference: both do the same arithmetic, but FlopCounterMode does not see our
+            # fused oneDNN linear and SDPA kernels, so counting ours would under-report.
             if args.flops and case.section == 'backbone' and not case.with_cp:
-                record['flops'] = self._flops(pair.models['ours'], case)
+                record['flops'] = self._flops(pair.models['ref'], case)
         warmup, runs = args.warmup, args.runs
         if case.section == 'whole':
             warmup, runs = args.whole_warmup, args.whole_runs
@@ -603,7 +605,7 @@ class Runner:
             with torch.no_grad():
                 per_image = count_flops(lambda: model(x1))
         else:
-            model.train()
+            model.train()  # mmdet's train() returns None: no chaining
 
             def fwd_bwd():
                 backbone_loss(model(x1)).backward()
