@@ -1,5 +1,6 @@
 """Life-cycle shared by every backbone: random init, Pretrained loading, frozen parts."""
-from typing import Iterable, List
+import warnings
+from typing import Iterable, List, Optional
 
 import torch.nn as nn
 from mmengine.model import BaseModule
@@ -16,6 +17,20 @@ def init_linear_and_norm(modules: Iterable[nn.Module]) -> None:
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
+
+
+def pretrained_to_init_cfg(pretrained: Optional[str], init_cfg: Optional[dict]):
+    """The deprecated ``pretrained=PATH`` argument of OpenMMLab backbones as an ``init_cfg``."""
+    if pretrained is None:
+        return init_cfg
+    if init_cfg is not None:
+        raise ValueError('init_cfg and pretrained cannot be set at the same time')
+    if not isinstance(pretrained, str):
+        raise TypeError(f'pretrained must be a str (path or URL) or None, got '
+                        f'{type(pretrained).__name__}')
+    warnings.warn('pretrained is deprecated, use init_cfg=dict(type="Pretrained", '
+                  'checkpoint=...) instead', DeprecationWarning)
+    return dict(type='Pretrained', checkpoint=pretrained)
 
 
 class TransformerBackbone(BaseModule):

@@ -5,7 +5,6 @@ Output-size rule: for an input ``(B, C, H, W)`` the patch embedding gives a grid
 patch merging halves it rounding up: stage ``i`` has ``ceil(H / (patch_size * 2**i))`` rows.
 Swin-T at 224x224 returns (96, 56, 56), (192, 28, 28), (384, 14, 14), (768, 7, 7).
 """
-import warnings
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -16,7 +15,7 @@ from ...registry import MODELS
 from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA,
                       drop_path_schedule, resize_pos_embed, to_tuple)
 from ..utils import build_act, build_layer_norm, check_image_input
-from .base import TransformerBackbone, init_linear_and_norm
+from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
@@ -159,16 +158,7 @@ class SwinTransformer(TransformerBackbone):
                  convert_weights: bool = False,
                  frozen_stages: int = -1,
                  init_cfg: Optional[dict] = None):
-        if pretrained is not None:
-            if init_cfg is not None:
-                raise ValueError('init_cfg and pretrained cannot be set at the same time')
-            if not isinstance(pretrained, str):
-                raise TypeError(f'pretrained must be a str (path or URL) or None, got '
-                                f'{type(pretrained).__name__}')
-            warnings.warn('pretrained is deprecated, use init_cfg=dict(type="Pretrained", '
-                          'checkpoint=...) instead', DeprecationWarning)
-            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
-        super().__init__(init_cfg=init_cfg)
+        super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
 
         preset = self._resolve_arch(arch)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims

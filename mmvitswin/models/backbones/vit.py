@@ -16,7 +16,6 @@ style) attend inside windows of patch tokens only: the CLS token is not put in a
 attention branch is zero in those blocks, and it still goes through the block's FFN. Decomposed
 relative positions apply to patch-patch pairs; pairs involving the CLS token get no bias.
 """
-import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -27,7 +26,7 @@ import torch.utils.checkpoint as cp
 from ...registry import MODELS
 from ..layers import (FFN, Attention, DropPath, PatchEmbed, pad_to_multiple, resize_pos_embed,
                       resize_rel_pos_1d, to_tuple, window_partition, window_reverse)
-from .base import TransformerBackbone, init_linear_and_norm
+from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 from ..utils import build_act, build_layer_norm, check_image_input
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -288,16 +287,7 @@ class VisionTransformerTrunk(TransformerBackbone):
                  patch_embed: Optional[nn.Module] = None,
                  pretrained: Optional[str] = None,
                  init_cfg=None):
-        if pretrained is not None:
-            if init_cfg is not None:
-                raise ValueError('init_cfg and pretrained cannot be set at the same time')
-            if not isinstance(pretrained, str):
-                raise TypeError(f'pretrained must be a str (path or URL) or None, got '
-                                f'{type(pretrained).__name__}')
-            warnings.warn('pretrained is deprecated, use init_cfg=dict(type="Pretrained", '
-                          'checkpoint=...) instead', DeprecationWarning)
-            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
-        super().__init__(init_cfg=init_cfg)
+        super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
         preset = self._resolve_arch(arch)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         num_layers = preset['num_layers'] if num_layers is None else num_layers
