@@ -9,9 +9,9 @@ from .window import (effective_window, pad_to_multiple, relative_position_index,
                      window_reverse)
 
 __all__ = [
-    'Attention', 'WindowAttention', 'linear', 'set_onednn_linear', 'FFN', 'DropPath', 'drop_path_schedule', 'PatchEmbed',
-    'PatchMerging', 'ShiftWindowMSA', 'shifted_window_attention', 'grid_size',
-    'resize_pos_embed', 'resize_rel_pos_1d', 'resize_rel_pos_table',
-    'effective_window', 'pad_to_multiple', 'relative_position_index', 'shift_window_mask', 'window_gather_index',
-    'to_tuple', 'window_partition', 'window_reverse'
+    'Attention', 'WindowAttention', 'linear', 'set_onednn_linear', 'FFN', 'DropPath',
+    'drop_path_schedule', 'PatchEmbed', 'PatchMerging', 'ShiftWindowMSA',
+    'shifted_window_attention', 'grid_size', 'resize_pos_embed', 'resize_rel_pos_1d',
+    'resize_rel_pos_table', 'effective_window', 'pad_to_multiple', 'relative_position_index',
+    'shift_window_mask', 'window_gather_index', 'to_tuple', 'window_partition', 'window_reverse'
 ]

@@ -46,14 +46,20 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """q, k, v: (..., heads, N, head_dim); bias broadcastable to (..., heads, N, N)."""
+        """q, k, v: (..., heads, N, head_dim); bias broadcastable to (..., heads, N, N).
+
+        SDPA unless ``use_sdpa`` is off or the bias needs a gradient: SDPA's fused CPU kernel has
+        no gradient for the mask and would fall back to its slower math path (with extra safety
+        passes), so the explicit form is used then; both give the same numbers.
+        """
         drop = self.attn_drop if self.training else 0.
-        if self.use_sdpa:
+        if self.use_sdpa and not (bias is not None and bias.requires_grad):
             if bias is not None and bias.dtype != q.dtype:
                 bias = bias.to(q.dtype)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
-        attn = (q * self.scale) @ k.transpose(-2, -1)
+        # scaling the product in place saves keeping a scaled copy of q for backward
+        attn = (q @ k.transpose(-2, -1)).mul_(self.scale)
         if bias is not None:
             attn = attn + bias
         attn = attn.softmax(dim=-1)
@@ -97,7 +103,7 @@ class WindowAttention(Attention):
         self.relative_position_bias_table = nn.Parameter(torch.zeros(table_rows, num_heads))
         self.register_buffer('relative_position_index', relative_position_index(self.window))
         self._bias_cache = None  # (key, tensor): the gathered bias when no grad is needed
-        self._masked_cache = None  # (mask, bias, bias + mask) likewise
+        self._masked_cache = None  # (mask, bias, batch, per-window bias) likewise
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -126,53 +132,44 @@ class WindowAttention(Attention):
             self._bias_cache = None
         return bias
 
+    @staticmethod
+    def window_bias(bias: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Relative bias ``(heads, N, N)`` plus shift mask ``(nW, N, N)`` -> ``(nW, heads, N, N)``."""
+        return bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)
+
     def masked_bias(self, bias: torch.Tensor, mask: torch.Tensor, batch: int) -> torch.Tensor:
-        """Relative bias plus shift mask, laid out per window as ``(batch * nW, heads, N, N)``.
+        """:meth:`window_bias` laid out per window as ``(batch * nW, heads, N, N)``, cached.
 
         SDPA's fused CPU kernel needs a 4-D mask whose leading dim matches the windows; the
-        mask varies per window, so it is materialised over the batch. Without grads the result
-        is cached (one entry, keyed by the identity of the mask from the bounded
+        mask varies per window, so it is materialised over the batch. Only used without grads;
+        the result is cached (one entry, keyed by the identity of the mask from the bounded
         ``shift_window_mask`` cache, the bias tensor and the batch), so inference pays for it once.
         """
-        needs_grad = bias.requires_grad
         cached = self._masked_cache
-        if (not needs_grad and cached is not None and cached[0] is mask and cached[1] is bias
-                and cached[2] == batch):
+        if cached is not None and cached[0] is mask and cached[1] is bias and cached[2] == batch:
             return cached[3]
         nw, n = mask.shape[0], mask.shape[-1]
-        combined = bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)  # (nW, heads, N, N)
-        combined = combined.unsqueeze(0).expand(batch, -1, -1, -1, -1)
+        combined = self.window_bias(bias, mask).unsqueeze(0).expand(batch, -1, -1, -1, -1)
         combined = combined.reshape(batch * nw, self.num_heads, n, n)
-        self._masked_cache = None if needs_grad else (mask, bias, batch, combined)
+        self._masked_cache = (mask, bias, batch, combined)
         return combined
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B * nW, N, C) windows; mask: (nW, N, N) shift mask or None -> (B * nW, N, C)."""
         bw, n, _ = x.shape
-        h = self.num_heads
         # q, k, v stay strided views of the projection output: the fused kernel reads them as is.
         q, k, v = self.qkv_heads(x)
         bias = self.relative_bias(n, q.dtype)
-        if self.use_sdpa and not bias.requires_grad:
-            # Fused CPU kernel: it needs a 4-D mask (a 3-D one falls back to the math path).
-            attn_bias = bias.unsqueeze(0) if mask is None else self.masked_bias(
-                bias, mask, bw // mask.shape[0])
-            out = self.attend(q, k, v, attn_bias)
+        if mask is None:
+            # 4-D: a 3-D bias would send SDPA to its math path instead of the fused kernel.
+            out = self.attend(q, k, v, bias.unsqueeze(0))
+        elif self.use_sdpa and not bias.requires_grad:
+            out = self.attend(q, k, v, self.masked_bias(bias, mask, bw // mask.shape[0]))
         else:
-            # The fused kernel has no gradient for the mask, so SDPA would fall back to its math
-            # path (with extra safety passes); the explicit form is cheaper and broadcasts the
-            # per-window mask without materialising it over the batch.
-            # scaling the product in place saves keeping a scaled copy of q for backward
-            attn = (q @ k.transpose(-2, -1)).mul_(self.scale)
-            if mask is None:
-                attn = attn + bias.unsqueeze(0)
-            else:
-                nw = mask.shape[0]
-                attn = attn.view(bw // nw, nw, h, n, n) + (
-                    bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1))
-                attn = attn.view(bw, h, n, n)
-            attn = attn.softmax(dim=-1)
-            if self.training and self.attn_drop:
-                attn = F.dropout(attn, self.attn_drop, training=True)
-            out = attn @ v
+            # Explicit path (see attend): split the windows off the batch so the per-window
+            # bias broadcasts without being materialised per image.
+            fold = (bw // mask.shape[0], mask.shape[0], self.num_heads, n, self.head_dim)
+            out = self.attend(q.view(fold), k.view(fold), v.view(fold),
+                              self.window_bias(bias, mask)).view(bw, self.num_heads, n,
+                                                                 self.head_dim)
         return self.out_proj(out)

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import linear
+from .linear import linear, weight_and_bias_grads
 
 
 class DropPath(nn.Module):
@@ -43,9 +43,7 @@ class _GeluLinear(torch.autograd.Function):
         h, weight = ctx.saved_tensors
         g = F.gelu(h)
         grad_g = linear(grad_out, weight.t().contiguous())
-        flat_out = grad_out.reshape(-1, grad_out.shape[-1])
-        grad_w = flat_out.t() @ g.reshape(-1, g.shape[-1])
-        grad_b = flat_out.sum(0) if ctx.has_bias else None
+        grad_w, grad_b = weight_and_bias_grads(grad_out, g, ctx.has_bias)
         grad_h = torch.ops.aten.gelu_backward(grad_g, h)
         return grad_h, grad_w, grad_b
 
