@@ -84,16 +84,40 @@ def _status_kib(field: str) -> Optional[int]:
     return int(found.group(1)) if found else None
 
 
-def _reset_rss_high_water_mark() -> bool:
-    """Reset this process's VmHWM to its current RSS; False where the kernel does not allow it."""
+def _write_clear_refs_5() -> bool:
+    """Ask the kernel to reset this process's VmHWM to its current RSS; False if refused."""
     try:
         with open('/proc/self/clear_refs', 'w') as f:
             f.write('5')
     except OSError:
         return False
-    # a kernel without the '5' command accepts the write but leaves VmHWM alone
-    hwm, rss = _status_kib('VmHWM'), _status_kib('VmRSS')
-    return hwm is not None and rss is not None and hwm <= rss + 64
+    return True
+
+
+_HWM_RESET_WORKS: Optional[bool] = None
+
+
+def _hwm_reset_works() -> bool:
+    """Whether writing ``5`` to clear_refs really lowers VmHWM here, decided once per process.
+
+    A kernel without the ``5`` command accepts the write and changes nothing, and a container
+    may refuse it. The test is an experiment with a margin far above the kernel's RSS counter
+    slack (per-CPU counters are approximate by a few hundred KiB): make 32 MiB resident, free
+    it, reset, and the high-water mark must have dropped by at least half of that.
+    """
+    global _HWM_RESET_WORKS
+    if _HWM_RESET_WORKS is None:
+        size = 32 * 2**20
+        block = torch.ones(size // 4)  # touched, so resident
+        float(block[-1])
+        high = _status_kib('VmHWM')
+        del block
+        gc.collect()
+        _malloc_trim()
+        ok = high is not None and _write_clear_refs_5()
+        after = _status_kib('VmHWM') if ok else None
+        _HWM_RESET_WORKS = bool(ok and after is not None and after <= high - size // 2048)
+    return _HWM_RESET_WORKS
 
 
 _LIBC = None
@@ -114,9 +138,7 @@ def _malloc_trim() -> None:
 
 def cpu_memory_method() -> str:
     """How :func:`measure_peak_memory` measures CPU memory on this machine."""
-    if _status_kib('VmHWM') is not None and _reset_rss_high_water_mark():
-        return 'rss-hwm'
-    return 'unavailable'
+    return 'rss-hwm' if _hwm_reset_works() else 'unavailable'
 
 
 @dataclass
@@ -146,13 +168,14 @@ def measure_peak_memory(fn: Callable[[], object], device: torch.device) -> PeakM
         synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
         return PeakMemory(peak - before, 'cuda-max-allocated', before)
-    _malloc_trim()
-    if not _reset_rss_high_water_mark():
+    if not _hwm_reset_works():
         fn()
         return PeakMemory(None, 'unavailable')
+    _malloc_trim()
+    _write_clear_refs_5()
     before = _status_kib('VmRSS')
     fn()
-    peak = _status_kib('VmHWM')
+    peak = max(_status_kib('VmHWM'), _status_kib('VmRSS'))
     return PeakMemory(max(0, peak - before) * 1024, 'rss-hwm', before * 1024)
 
 
