@@ -24,8 +24,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import (FFN, Attention, DropPath, PatchEmbed, pad_to_multiple, resize_pos_embed,
-                      resize_rel_pos_1d, to_tuple, window_partition, window_reverse)
+from ..layers import (FFN, Attention, ConvStem, DropPath, PatchEmbed, pad_to_multiple,
+                      resize_pos_embed, resize_rel_pos_1d, to_tuple, window_partition, window_reverse)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 from ..utils import build_act, build_layer_norm, check_image_input
 
@@ -255,6 +255,8 @@ class VisionTransformerTrunk(TransformerBackbone):
     relative positions (window tables ``2w-1`` rows, global ones ``2 * img_size/p - 1``);
     ``frozen_stages``: -1 none, 0 patch embed + CLS + pos-embed (+ pre-norm), ``k`` also blocks
     ``0..k-1``, ``num_layers`` also the final norm (frozen parts: no grad and eval mode).
+    ``stem``: ``'patch'`` (default, the ViT patchify conv that checkpoints carry) or ``'conv'``
+    (:class:`layers.ConvStem`, for training from scratch).
     """
 
     def __init__(self,
@@ -285,9 +287,15 @@ class VisionTransformerTrunk(TransformerBackbone):
                  with_cp: bool = False,
                  frozen_stages: int = -1,
                  patch_embed: Optional[nn.Module] = None,
+                 stem: str = 'patch',
                  pretrained: Optional[str] = None,
                  init_cfg=None):
         super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
+        if stem not in ('patch', 'conv'):
+            raise ValueError(f"stem must be 'patch' (one patchify conv) or 'conv' (3x3 conv "
+                             f"stem), got {stem!r}")
+        if stem != 'patch' and patch_embed is not None:
+            raise ValueError(f'stem={stem!r} and a patch_embed module exclude each other')
         preset = self._resolve_arch(arch)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         num_layers = preset['num_layers'] if num_layers is None else num_layers
@@ -340,7 +348,9 @@ class VisionTransformerTrunk(TransformerBackbone):
         self.final_norm = final_norm
         self.frozen_stages = frozen_stages
 
-        if patch_embed is None:
+        if patch_embed is None and stem == 'conv':
+            patch_embed = ConvStem(in_channels, embed_dims, patch_size)
+        elif patch_embed is None:
             patch_embed = PatchEmbed(in_channels, embed_dims, (patch_size, patch_size),
                                      norm=False, proj_name='proj', bias=patch_bias)
             if patch_norm:
@@ -584,7 +594,9 @@ class ViTAdapter(VisionTransformerTrunk):
         outs = []
         for i in self.out_indices:
             stride = 4 * 2**i
-            outs.append(crop_to(levels[i], (-(-h // stride), -(-w // stride))))
+            # contiguous NCHW: LayerNorm2d leaves channels-last strides and the crop a view,
+            # and mmcv's RoIAlign (CPU) reads its input as dense NCHW memory
+            outs.append(crop_to(levels[i], (-(-h // stride), -(-w // stride))).contiguous())
         return tuple(outs)
 
     def _forward_interaction(self, x: torch.Tensor) -> List[torch.Tensor]:
