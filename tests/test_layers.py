@@ -59,3 +59,23 @@ def test_gather_index_equals_pad_roll_partition(spatial, window, shift):
     rev = window_reverse(want, window, padded)
     rev = torch.roll(rev, shift, tuple(range(1, len(window) + 1)))
     assert torch.equal(rev[(slice(None), ) + tuple(slice(0, s) for s in spatial)], x)
+
+
+@pytest.mark.parametrize('patch', [2, 8, 16])
+def test_conv_stem_grid_is_ceil_of_size_over_patch_and_gradients_flow(patch):
+    from mmvitswin.models.layers import ConvStem
+    stem = ConvStem(3, 64, patch)
+    x = torch.randn(2, 3, 37, 50, requires_grad=True)
+    tokens, grid = stem(x)
+    assert grid == (-(-37 // patch), -(-50 // patch))
+    assert tokens.shape == (2, *grid, 64)
+    tokens.sum().backward()
+    assert x.grad.abs().sum() > 0 and stem.proj.weight.grad.abs().sum() > 0
+
+
+def test_conv_stem_rejects_bad_sizes():
+    from mmvitswin.models.layers import ConvStem
+    with pytest.raises(ValueError, match='power of two'):
+        ConvStem(3, 64, 12)
+    with pytest.raises(ValueError, match='embed_dims divisible by 16'):
+        ConvStem(3, 72, 16)

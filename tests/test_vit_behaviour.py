@@ -250,6 +250,8 @@ def test_built_from_mmdet_and_mmseg_registries():
     (dict(frozen_stages=9), ValueError, 'frozen_stages'),
     (dict(drop_path_rate=1.5), ValueError, 'drop_path_rate'),
     (dict(patch_embed='conv'), TypeError, 'patch_embed'),
+    (dict(stem='resnet'), ValueError, "stem must be 'patch'"),
+    (dict(stem='conv', patch_embed=torch.nn.Identity()), ValueError, 'exclude each other'),
     (dict(adapter='interaction', adapter_cfg=dict(interaction_indexes=[(0, 2)])), ValueError,
      'end at num_layers'),
 ])

@@ -3,10 +3,6 @@
 # Everything but the backbone (heads, data, schedule) is the Swin demo's. Window attention
 # (window 8 on the 16 x 16 token grid of a 128 x 128 image) in blocks 0 and 2, decomposed
 # relative positions, and the layer-decay optimiser (mild rate: there is no pretraining).
-# KNOWN PROBLEM: this config does not learn yet. With patch 16 box mAP was 0.007 after 2000
-# iterations; with patch 8 the loss sat at ~2.1 (RoI mask loss ~0.63, i.e. no mask learnt)
-# after 1100 iterations (also with lr 2e-4), while the interaction-adapter and hybrid demos
-# were at 0.6-0.8.
 # See docs/benchmarks.md (ViT-Adapter).
 #   python tools/make_shapes.py            # data under data/shapes/ (once)
 #   python tools/train.py configs/demo/mask_rcnn_vit_adapter_simple_shapes.py
