@@ -225,6 +225,22 @@ def test_rel_pos_tables_resized_on_load():
     assert sd['blocks.1.attn.rel_pos_h'].shape == (7, 32)  # global: 2 * 64/16 - 1
 
 
+
+def test_conv_stem_model_loads_a_patchify_checkpoint_except_the_stem():
+    from mmvitswin.checkpoint.loading import load_state_dict_reported
+    src = _model(None).state_dict()
+    dst = _model(None, stem='conv')
+    stem_before = {k: v.clone() for k, v in dst.patch_embed.state_dict().items()}
+    with pytest.warns(UserWarning, match='conv stem'):
+        report = load_state_dict_reported(dst, dst.convert_checkpoint(src))
+    assert 'patch_embed.proj.weight' in report.missing and not report.unexpected
+    for k, v in dst.patch_embed.state_dict().items():
+        assert torch.equal(v, stem_before[k]), k
+    own = dst.state_dict()
+    for k, v in src.items():
+        if not k.startswith('patch_embed.'):
+            assert torch.equal(own[k], v), k
+
 # ------------------------------------------------------------------------------ registry
 def test_built_from_mmdet_and_mmseg_registries():
     import mmvitswin  # noqa: F401

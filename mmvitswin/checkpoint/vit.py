@@ -22,13 +22,14 @@ kernel gives the old tokens) and ViTDet's decomposed relative-position tables ar
 linearly.
 """
 import re
+import warnings
 from collections import OrderedDict
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ..models.layers import grid_size, resize_pos_embed, resize_rel_pos_1d
+from ..models.layers import ConvStem, grid_size, resize_pos_embed, resize_rel_pos_1d
 from .loading import StateDict
 
 _TIMM_BLOCK = (('mlp.fc1.', 'ffn.layers.0.0.'), ('mlp.fc2.', 'ffn.layers.1.'))
@@ -164,7 +165,15 @@ def adapt_vit_state_dict(sd: StateDict, model) -> StateDict:
                                           model.interpolate_mode)
     kernel = sd.get('patch_embed.proj.weight')
     target = own.get('patch_embed.proj.weight')
-    if kernel is not None and target is not None and kernel.shape[-2:] != target.shape[-2:]:
+    if kernel is not None and isinstance(getattr(model, 'patch_embed', None), ConvStem):
+        # a patchify kernel does not fit a conv stem's 1x1 projection: leave the stem as
+        # initialised (reported missing) and say why
+        del out['patch_embed.proj.weight']
+        out.pop('patch_embed.proj.bias', None)
+        warnings.warn(f'{type(model).__name__} has a conv stem (stem="conv"): the checkpoint\'s '
+                      f'patchify conv patch_embed.proj {tuple(kernel.shape)} is not loaded',
+                      stacklevel=2)
+    elif kernel is not None and target is not None and kernel.shape[-2:] != target.shape[-2:]:
         out['patch_embed.proj.weight'] = resample_patch_kernel(kernel, target.shape[-2:])
     for key, value in sd.items():
         if re.search(r'attn\.rel_pos_[hw]$', key) and key in own:

@@ -25,7 +25,8 @@ import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
 from ..layers import (FFN, Attention, ConvStem, DropPath, PatchEmbed, pad_to_multiple,
-                      resize_pos_embed, resize_rel_pos_1d, to_tuple, window_partition, window_reverse)
+                      resize_pos_embed, resize_rel_pos_1d, to_tuple, window_partition,
+                      window_reverse)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 from ..utils import build_act, build_layer_norm, check_image_input
 
