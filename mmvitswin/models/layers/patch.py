@@ -57,9 +57,9 @@ class ConvStem(nn.Module):
 
     Same interface as :class:`PatchEmbed` for images: ``(B, C, H, W)`` -> tokens
     ``(B, h, w, embed_dims)`` and ``(h, w) = ceil((H, W) / patch)`` (each conv pads 1), so any
-    size works. The 1x1 conv is ``proj`` (a ViT's ``patch_embed.proj`` key; its shape differs
-    from a patchify conv, so such a checkpoint entry is reported as unmatched, not loaded).
-    Converges much faster than a patchify stem when a ViT is trained from scratch.
+    size works. The 1x1 conv is ``proj`` (a ViT's ``patch_embed.proj`` key; a checkpoint's
+    patchify kernel does not fit it and is not loaded, with a warning). The paper reports faster,
+    more stable optimisation than a patchify stem for ViTs trained from scratch.
     """
 
     def __init__(self, in_channels: int, embed_dims: int, patch_size: int):
