@@ -9,8 +9,8 @@ default_scope = 'mmseg'
 data_root = 'data/shapes/'  # tools/make_shapes.py output; the ADE20K-style half is under ade/
 image_size = (128, 128)  # (H, W) the data is generated at
 num_classes = 5  # background, square, disc, triangle, star (ShapesSegDataset.METAINFO)
-# mIoU by schedule length (docs/benchmarks.md): 3000 -> 38.8, 8000 -> 58.2, 16000 -> 78.9
-# (71.5 at iteration 8000 of this schedule). About 34 CPU-minutes at one thread.
+# mIoU by schedule length (docs/benchmarks.md): 3000 -> 38.8, 8000 -> 58.2, 16000 -> 78.9 and 74.7
+# (two runs; 71.5 at iteration 8000 of the first). About 34 CPU-minutes, 22 min on 2 cores.
 max_iters = 16000
 val_interval = max_iters
 
