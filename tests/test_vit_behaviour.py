@@ -225,7 +225,6 @@ def test_rel_pos_tables_resized_on_load():
     assert sd['blocks.1.attn.rel_pos_h'].shape == (7, 32)  # global: 2 * 64/16 - 1
 
 
-
 def test_conv_stem_model_loads_a_patchify_checkpoint_except_the_stem():
     from mmvitswin.checkpoint.loading import load_state_dict_reported
     src = _model(None).state_dict()
@@ -240,6 +239,7 @@ def test_conv_stem_model_loads_a_patchify_checkpoint_except_the_stem():
     for k, v in src.items():
         if not k.startswith('patch_embed.'):
             assert torch.equal(own[k], v), k
+
 
 # ------------------------------------------------------------------------------ registry
 def test_built_from_mmdet_and_mmseg_registries():
@@ -348,7 +348,7 @@ def test_simple_pyramid_from_stride_8_and_16(patch):
     assert [tuple(o.shape[2:]) for o in outs] == [(8 * patch // s, 12 * patch // s)
                                                    for s in (4, 8, 16, 32)]
     # the level at the input stride is the identity before its output head
-    same = [s for s in (4, 8, 16, 32)].index(patch)
+    same = (4, 8, 16, 32).index(patch)
     assert isinstance(sfp.rescale[same], torch.nn.Identity)
     model = ViTAdapter(arch=dict(embed_dims=32, num_layers=2, num_heads=2,
                                  feedforward_channels=64), img_size=64, patch_size=patch,

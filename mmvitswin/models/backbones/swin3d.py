@@ -215,7 +215,6 @@ class SwinTransformer3D(TransformerBackbone):
         self._init_random()
         self._freeze_stages()
 
-    # ----------------------------------------------------------------------------- weights
     # ------------------------------------------------------------------------------ modes
     def frozen_modules(self):
         """Modules frozen by ``frozen_stages``, in mmaction2's order."""
