@@ -1,57 +1,49 @@
-"""Shared layers: the oneDNN linear path and the single-gather window partition."""
+"""Shared layers: window gather indices, the shift mask, attention in mixed precision, the
+fast-path switch."""
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from mmvitswin.models.layers import (linear, pad_to_multiple, set_onednn_linear,
-                                     window_gather_index, window_partition, window_reverse)
+from mmvitswin.models.layers import (FFN, WindowAttention, fast_path_active, pad_to_multiple,
+                                     set_fast_path, shift_window_mask, window_gather_index,
+                                     window_partition, window_reverse)
+from conftest import max_rel_err
 
 
-@pytest.mark.parametrize('activation', [None, 'gelu'])
-def test_linear_equals_f_linear_forward_and_backward(activation):
-    torch.manual_seed(0)
-    x = torch.randn(3, 17, 24, requires_grad=True)
-    w = torch.randn(40, 24, requires_grad=True)
-    b = torch.randn(40, requires_grad=True)
-    g = torch.randn(3, 17, 40)
-    want = F.linear(x, w, b)
-    if activation:
-        want = F.gelu(want)
-    grads_want = torch.autograd.grad((want * g).sum(), (x, w, b))
-    got = linear(x, w, b, activation)
-    grads_got = torch.autograd.grad((got * g).sum(), (x, w, b))
-    assert torch.allclose(got, want, atol=1e-5)
-    for a, e in zip(grads_got, grads_want):
-        assert torch.allclose(a, e, atol=1e-4)
-    with torch.no_grad():
-        assert torch.allclose(linear(x, w, b, activation), want, atol=1e-5)
+def loop_shift_mask(padded, window, shift, fill=-100.):
+    """The references' mask: label the 3 slices per dim with a Python loop, compare labels."""
+    label = torch.zeros((1, *padded, 1))
+    slices = [((0, -w), (-w, -s), (-s, None)) if s > 0 else ((0, None), )
+              for w, s in zip(window, shift)]
+    for count, combo in enumerate(itertools.product(*slices)):
+        label[(slice(None), ) + tuple(slice(a, b) for a, b in combo) + (slice(None), )] = count
+    labels = window_partition(label, window).squeeze(-1)
+    diff = labels[:, None, :] - labels[:, :, None]
+    return torch.zeros(diff.shape).masked_fill(diff != 0, fill)
 
 
-def test_linear_switch_and_autocast_fallback():
-    x, w = torch.randn(4, 8), torch.randn(6, 8)
-    previous = set_onednn_linear(False)
-    try:
-        assert torch.equal(linear(x, w), F.linear(x, w))
-    finally:
-        set_onednn_linear(previous)
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert linear(x, w).dtype == torch.bfloat16  # autocast still decides the dtype
-    with pytest.raises(ValueError, match="activation must be None or 'gelu'"):
-        linear(x, w, activation='relu')
+@pytest.mark.parametrize('padded, window, shift', [((14, 21), (7, 7), (3, 3)),
+                                                   ((7, 7), (7, 7), (3, 3)),
+                                                   ((14, 14), (7, 7), (3, 0)),
+                                                   ((4, 14, 14), (2, 7, 7), (1, 3, 3))])
+def test_shift_mask_equals_the_loop_built_reference(padded, window, shift):
+    got = shift_window_mask(padded, window, shift, torch.device('cpu'))
+    assert torch.equal(got, loop_shift_mask(padded, window, shift))
 
 
 @pytest.mark.parametrize('spatial, window, shift', [((9, 13), (7, 7), (3, 3)),
                                                     ((14, 14), (7, 7), (0, 0)),
+                                                    ((5, 17), (7, 7), (3, 3)),
                                                     ((3, 10, 11), (2, 7, 7), (1, 3, 3))])
 def test_gather_index_equals_pad_roll_partition(spatial, window, shift):
     x = torch.randn(2, *spatial, 5)
     padded_x, padded = pad_to_multiple(x, window)
     rolled = torch.roll(padded_x, tuple(-s for s in shift), tuple(range(1, len(window) + 1)))
     want = window_partition(rolled, window)
-    gather, pad, scatter = window_gather_index(spatial, window, shift, x.device)
-    got = x.reshape(2, -1, 5).index_select(1, gather)
-    if pad is not None:
-        got = got.index_fill(1, pad, 0.)
+    gather, valid, scatter = window_gather_index(spatial, window, shift, x.device)
+    got = x.reshape(2, -1, 5).index_select(1, gather).masked_fill(~valid[:, None], 0.)
     assert torch.equal(got.view_as(want), want)
     back = got.index_select(1, scatter).view_as(x)
     assert torch.equal(back, x)
@@ -79,3 +71,82 @@ def test_conv_stem_rejects_bad_sizes():
         ConvStem(3, 64, 12)
     with pytest.raises(ValueError, match='embed_dims divisible by 16'):
         ConvStem(3, 72, 16)
+
+
+def _explicit_window_attention(attn, x, mask):
+    """Swin's attention written out: scaled logits + gathered bias (+ mask per window)."""
+    bw, n, c = x.shape
+    q, k, v = attn.qkv(x).reshape(bw, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+    logits = (q * attn.scale) @ k.transpose(-2, -1)
+    table = attn.relative_position_bias_table
+    logits = logits + table[attn.relative_position_index.view(-1)].view(n, n, -1).permute(
+        2, 0, 1)
+    if mask is not None:
+        nw = mask.shape[0]
+        logits = (logits.view(bw // nw, nw, attn.num_heads, n, n) + mask[None, :, None]).view(
+            bw, attn.num_heads, n, n)
+    out = (logits.softmax(-1) @ v).transpose(1, 2).reshape(bw, n, c)
+    return attn.proj(out)
+
+
+@pytest.mark.parametrize('shifted', [False, True])
+def test_window_attention_equals_explicit_form_with_and_without_grad(shifted):
+    attn = WindowAttention(32, 4, (7, 7))
+    x = torch.randn(2 * 6, 49, 32, requires_grad=True)
+    mask = shift_window_mask((14, 21), (7, 7), (3, 3), x.device) if shifted else None
+    with torch.no_grad():  # SDPA with the (1, nW * heads, N, N) broadcast bias
+        assert max_rel_err(attn(x, mask), _explicit_window_attention(attn, x, mask)) < 1e-5
+    out = attn(x, mask)  # explicit path: the bias table needs its gradient
+    grads = torch.autograd.grad(out.square().sum(), (x, attn.relative_position_bias_table))
+    want = _explicit_window_attention(attn, x, mask)
+    want_grads = torch.autograd.grad(want.square().sum(), (x, attn.relative_position_bias_table))
+    assert max_rel_err(out, want) < 1e-5
+    for got, ref in zip(grads, want_grads):
+        assert max_rel_err(got, ref) < 1e-4
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_attention_under_autocast_trains_and_fp16_logits_cannot_overflow(dtype):
+    attn = WindowAttention(32, 4, (7, 7))
+    with torch.no_grad():
+        attn.qkv.weight.mul_(300.)  # logits ~1e6: past fp16's 65504 if computed in fp16
+    x = torch.randn(12, 49, 32, requires_grad=True)
+    mask = shift_window_mask((14, 21), (7, 7), (3, 3), x.device)
+    with torch.autocast('cpu', dtype=dtype):
+        out = attn(x, mask)
+    assert out.dtype == dtype
+    out.float().square().mean().backward()  # backward outside autocast, as AmpOptimWrapper
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(attn.qkv.weight.grad).all()
+    assert attn.qkv.weight.grad.dtype == torch.float32
+    # the unguarded computation does overflow: the test would catch a missing upcast
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
+        q, k, _ = attn.qkv(x).reshape(12, 49, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        assert not torch.isfinite(q @ k.transpose(-2, -1)).all()
+
+
+def test_fast_path_switch_is_off_under_autocast_and_tracing_and_gives_the_same_numbers():
+    ffn = FFN(16, 64)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    assert fast_path_active(x)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert not fast_path_active(x)
+    outs, grads = [], []
+    for enabled in (True, False):
+        previous = set_fast_path(enabled)
+        try:
+            assert fast_path_active(x) is enabled
+            out = ffn(x)
+            outs.append(out)
+            grads.append(torch.autograd.grad(out.square().sum(), (x, ffn.layers[0][0].weight,
+                                                                  ffn.layers[1].weight)))
+        finally:
+            set_fast_path(previous)
+    assert max_rel_err(outs[0], outs[1]) < 1e-6
+    for a, b in zip(*grads):
+        assert max_rel_err(a, b) < 1e-5
+    # under autocast the plain path runs and the backward (outside autocast) works
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = ffn(x)
+    out.float().sum().backward()
+    assert torch.isfinite(ffn.layers[0][0].weight.grad).all()

@@ -2,9 +2,14 @@
 
 ``Attention`` projects ``x: (..., N, C)`` to q/k/v, adds an optional additive bias (relative
 position bias, shift mask, or both) and runs ``F.scaled_dot_product_attention``; the plain
-matmul + softmax path (``use_sdpa=False``) gives the same numbers and exists for debugging and
-for references that need the attention weights. ``WindowAttention`` adds the learned
-N-D relative-position bias table used by Swin (2-D and 3-D) and windowed ViT blocks.
+matmul + softmax path gives the same numbers and is taken when the bias needs a gradient (or
+with ``use_sdpa=False``). ``WindowAttention`` adds the learned N-D relative-position bias table
+used by Swin (2-D and 3-D) and windowed ViT blocks.
+
+Mixed precision: in fp16 (autocast or an fp16 model) the logits and the softmax run in fp32 and
+the result is cast back, so large logits cannot overflow; bf16 has fp32's range and runs as is.
+Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
+on every call (small next to the attention itself), broadcast over the batch, never stored.
 """
 from typing import Optional, Sequence
 
@@ -12,8 +17,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import linear
+from ...compat import get_autocast_dtype, is_autocast_enabled
 from .window import relative_position_index
+
+
+def _runs_in_fp16(q: torch.Tensor) -> bool:
+    """Whether attention on ``q`` would compute its logits in fp16."""
+    if q.dtype == torch.float16:
+        return True
+    device = q.device.type
+    return (q.dtype == torch.float32 and is_autocast_enabled(device)
+            and get_autocast_dtype(device) == torch.float16)
 
 
 class Attention(nn.Module):
@@ -26,7 +40,7 @@ class Attention(nn.Module):
         qk_scale: override of the default ``head_dim ** -0.5`` scale.
         attn_drop: dropout on attention weights (training only).
         proj_drop: dropout after the output projection.
-        use_sdpa: use ``F.scaled_dot_product_attention`` (default) or the explicit fallback.
+        use_sdpa: use ``F.scaled_dot_product_attention`` (default) or the explicit form.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
@@ -49,13 +63,22 @@ class Attention(nn.Module):
         """q, k, v: (..., heads, N, head_dim); bias broadcastable to (..., heads, N, N).
 
         SDPA unless ``use_sdpa`` is off or the bias needs a gradient: SDPA's fused CPU kernel has
-        no gradient for the mask and would fall back to its slower math path (with extra safety
-        passes), so the explicit form is used then; both give the same numbers.
+        no gradient for the mask and would fall back to its slower math path, so the explicit
+        form is used then; both give the same numbers. fp16 runs in fp32 (module docstring).
         """
+        if _runs_in_fp16(q):
+            dtype = q.dtype if q.dtype == torch.float16 else torch.float16
+            with torch.autocast(q.device.type, enabled=False):
+                out = self._attend(q.float(), k.float(), v.float(),
+                                   None if bias is None else bias.float())
+            return out.to(dtype)
+        return self._attend(q, k, v, bias)
+
+    def _attend(self, q, k, v, bias):
         drop = self.attn_drop if self.training else 0.
+        if bias is not None and bias.dtype != q.dtype:
+            bias = bias.to(q.dtype)
         if self.use_sdpa and not (bias is not None and bias.requires_grad):
-            if bias is not None and bias.dtype != q.dtype:
-                bias = bias.to(q.dtype)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
         # scaling the product in place saves keeping a scaled copy of q for backward
@@ -65,19 +88,19 @@ class Attention(nn.Module):
         attn = attn.softmax(dim=-1)
         if drop:
             attn = F.dropout(attn, drop, training=True)
-        return attn @ v
+        return attn.to(v.dtype) @ v
 
     def qkv_heads(self, x: torch.Tensor):
         """x: (B, N, C) -> q, k, v: (B, heads, N, head_dim), strided views of one projection."""
         b, n, _ = x.shape
-        qkv = linear(x, self.qkv.weight, self.qkv.bias)
+        qkv = self.qkv(x)
         return qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def out_proj(self, out: torch.Tensor) -> torch.Tensor:
         """out: (B, heads, N, head_dim) -> (B, N, C) through the output projection."""
         b, _, n, _ = out.shape
         out = out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)
-        return self.proj_drop(linear(out, self.proj.weight, self.proj.bias))
+        return self.proj_drop(self.proj(out))
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, N, C) -> (B, N, C). ``bias``: additive, broadcastable to (B, heads, N, N)."""
@@ -102,8 +125,6 @@ class WindowAttention(Attention):
             table_rows *= 2 * w - 1
         self.relative_position_bias_table = nn.Parameter(torch.zeros(table_rows, num_heads))
         self.register_buffer('relative_position_index', relative_position_index(self.window))
-        self._bias_cache = None  # (key, tensor): the gathered bias when no grad is needed
-        self._masked_cache = None  # (mask, bias, batch, per-window bias) likewise
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -112,64 +133,37 @@ class WindowAttention(Attention):
             state_dict[key] = self.relative_position_index.clone()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def relative_bias(self, n: int, dtype: torch.dtype) -> torch.Tensor:
-        """The gathered bias ``(heads, n, n)``; cached while the table cannot receive grads.
+    def relative_bias(self, n: int) -> torch.Tensor:
+        """The gathered bias ``(heads, n, n)`` in the table's dtype.
 
         ``n`` smaller than the full window (a window clamped to a small input) uses the leading
         ``n x n`` block of the index, as mmaction2's video Swin does.
         """
-        table = self.relative_position_bias_table
-        needs_grad = table.requires_grad and torch.is_grad_enabled()
-        key = (n, table.device, dtype, table._version, table.data_ptr())
-        if not needs_grad and self._bias_cache is not None and self._bias_cache[0] == key:
-            return self._bias_cache[1]
         index = self.relative_position_index[:n, :n].reshape(-1)
-        bias = table[index].view(n, n, -1)
-        bias = bias.permute(2, 0, 1).contiguous().to(dtype)
-        if not needs_grad:
-            self._bias_cache = (key, bias.detach())
-        else:
-            self._bias_cache = None
-        return bias
-
-    @staticmethod
-    def window_bias(bias: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Relative bias ``(heads, N, N)`` plus shift mask ``(nW, N, N)`` -> ``(nW, heads, N, N)``."""
-        return bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)
-
-    def masked_bias(self, bias: torch.Tensor, mask: torch.Tensor, batch: int) -> torch.Tensor:
-        """:meth:`window_bias` laid out per window as ``(batch * nW, heads, N, N)``, cached.
-
-        SDPA's fused CPU kernel needs a 4-D mask whose leading dim matches the windows; the
-        mask varies per window, so it is materialised over the batch. Only used without grads;
-        the result is cached (one entry, keyed by the identity of the mask from the bounded
-        ``shift_window_mask`` cache, the bias tensor and the batch), so inference pays for it once.
-        """
-        cached = self._masked_cache
-        if cached is not None and cached[0] is mask and cached[1] is bias and cached[2] == batch:
-            return cached[3]
-        nw, n = mask.shape[0], mask.shape[-1]
-        combined = self.window_bias(bias, mask).unsqueeze(0).expand(batch, -1, -1, -1, -1)
-        combined = combined.reshape(batch * nw, self.num_heads, n, n)
-        self._masked_cache = (mask, bias, batch, combined)
-        return combined
+        bias = self.relative_position_bias_table[index].view(n, n, -1)
+        return bias.permute(2, 0, 1)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B * nW, N, C) windows; mask: (nW, N, N) shift mask or None -> (B * nW, N, C)."""
-        bw, n, _ = x.shape
-        # q, k, v stay strided views of the projection output: the fused kernel reads them as is.
-        q, k, v = self.qkv_heads(x)
-        bias = self.relative_bias(n, q.dtype)
+        bw, n, c = x.shape
+        bias = self.relative_bias(n)
         if mask is None:
-            # 4-D: a 3-D bias would send SDPA to its math path instead of the fused kernel.
-            out = self.attend(q, k, v, bias.unsqueeze(0))
-        elif self.use_sdpa and not bias.requires_grad:
-            out = self.attend(q, k, v, self.masked_bias(bias, mask, bw // mask.shape[0]))
+            # q, k, v stay strided views of the projection output; a 4-D bias keeps SDPA on
+            # its fused kernel (a 3-D one would send it to the math path).
+            q, k, v = self.qkv_heads(x)
+            return self.out_proj(self.attend(q, k, v, bias.unsqueeze(0)))
+        nw = mask.shape[0]
+        b = bw // nw
+        # One bias per window and head, (nW, heads, N, N), broadcast over the images.
+        window_bias = bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)
+        qkv = self.qkv(x).view(b, nw, n, 3, self.num_heads, self.head_dim)
+        if self.use_sdpa and not window_bias.requires_grad:
+            # The fused kernel wants 4-D inputs: windows and heads share one dim, so the
+            # (1, nW * heads, N, N) bias broadcasts over the batch without being copied.
+            q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).reshape(3, b, nw * self.num_heads, n,
+                                                           self.head_dim).unbind(0)
+            out = self.attend(q, k, v, window_bias.reshape(1, nw * self.num_heads, n, n))
         else:
-            # Explicit path (see attend): split the windows off the batch so the per-window
-            # bias broadcasts without being materialised per image.
-            fold = (bw // mask.shape[0], mask.shape[0], self.num_heads, n, self.head_dim)
-            out = self.attend(q.view(fold), k.view(fold), v.view(fold),
-                              self.window_bias(bias, mask)).view(bw, self.num_heads, n,
-                                                                 self.head_dim)
-        return self.out_proj(out)
+            q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # (B, nW, heads, N, d) views
+            out = self.attend(q, k, v, window_bias)
+        return self.out_proj(out.reshape(bw, self.num_heads, n, self.head_dim))

@@ -3,7 +3,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import linear, weight_and_bias_grads
+from ...compat import custom_bwd, custom_fwd
+from .switch import fast_path_active
 
 
 class DropPath(nn.Module):
@@ -25,26 +26,33 @@ class DropPath(nn.Module):
 
 
 class _GeluLinear(torch.autograd.Function):
-    """``linear(gelu(h), weight, bias)`` that saves ``h`` only and recomputes the GELU in backward.
+    """``F.linear(gelu(h), weight, bias)`` that saves ``h`` only and recomputes the GELU in
+    backward (the fast path of :class:`FFN`, taken only where ``switch.fast_path_active``).
 
     The GELU output (as large as ``h``) is otherwise kept alive for the second linear's weight
     gradient; recomputing it costs one elementwise pass and saves a quarter of a transformer
-    block's activation memory.
+    block's activation memory. ``custom_fwd``/``custom_bwd`` keep the backward in the forward's
+    dtype should autocast ever be active around it.
     """
 
     @staticmethod
+    @custom_fwd('cpu')
     def forward(ctx, h, weight, bias):
         ctx.save_for_backward(h, weight)
         ctx.has_bias = bias is not None
-        return linear(F.gelu(h), weight, bias)
+        return F.linear(F.gelu(h), weight, bias)
 
     @staticmethod
+    @custom_bwd('cpu')
     def backward(ctx, grad_out):
         h, weight = ctx.saved_tensors
-        g = F.gelu(h)
-        grad_g = linear(grad_out, weight.t().contiguous())
-        grad_w, grad_b = weight_and_bias_grads(grad_out, g, ctx.has_bias)
-        grad_h = torch.ops.aten.gelu_backward(grad_g, h)
+        with torch.enable_grad():
+            h_leaf = h.detach().requires_grad_()
+            g = F.gelu(h_leaf)
+        flat_grad = grad_out.reshape(-1, grad_out.shape[-1])
+        grad_w = flat_grad.t() @ g.detach().reshape(-1, g.shape[-1])
+        grad_b = flat_grad.sum(0) if ctx.has_bias else None
+        grad_h, = torch.autograd.grad(g, h_leaf, grad_out @ weight)
         return grad_h, grad_w, grad_b
 
 
@@ -63,13 +71,12 @@ class FFN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fc1, act, drop1 = self.layers[0]
         fc2, drop2 = self.layers[1], self.layers[2]
-        exact_gelu = type(act) is nn.GELU and act.approximate == 'none'
-        if not exact_gelu or (self.training and drop1.p > 0):
+        recompute_gelu = (type(act) is nn.GELU and act.approximate == 'none'
+                          and not (self.training and drop1.p > 0) and torch.is_grad_enabled()
+                          and fast_path_active(x, fc1.weight))
+        if not recompute_gelu:
             return self.layers(x)
-        if torch.is_grad_enabled():
-            return drop2(_GeluLinear.apply(linear(x, fc1.weight, fc1.bias), fc2.weight,
-                                                fc2.bias))
-        return linear(linear(x, fc1.weight, fc1.bias, 'gelu'), fc2.weight, fc2.bias)
+        return drop2(_GeluLinear.apply(fc1(x), fc2.weight, fc2.bias))
 
 
 def drop_path_schedule(drop_path_rate: float, depths) -> list:

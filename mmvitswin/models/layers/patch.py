@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .switch import is_tracing
 from .window import to_tuple
 
 
@@ -37,7 +38,7 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, ...]]:
         spatial = x.shape[2:]
         pads = [(-s) % p for s, p in zip(spatial, self.patch_size)]
-        if any(pads):
+        if is_tracing() or any(p != 0 for p in pads):
             flat = []
             for p in reversed(pads):
                 flat += [0, p]
@@ -118,7 +119,7 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         *lead, h, w, c = x.shape
-        if h % 2 or w % 2:
+        if is_tracing() or h % 2 or w % 2:  # no size-dependent branch while tracing
             x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
             h, w = h + h % 2, w + w % 2
         x = x.reshape(*lead, h // 2, 2, w // 2, 2, c)

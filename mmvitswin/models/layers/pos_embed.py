@@ -4,6 +4,8 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from .switch import is_tracing
+
 
 def resize_pos_embed(pos_embed: torch.Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],
                      num_prefix_tokens: int = 0, mode: str = 'bicubic') -> torch.Tensor:
@@ -14,7 +16,8 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_hw: Sequence[int], dst_hw: Seq
     mmseg do). Returns ``(1, prefix + H'*W', C)``; the input is returned when sizes agree.
     """
     src_hw, dst_hw = tuple(src_hw), tuple(dst_hw)
-    if src_hw == dst_hw:
+    if not is_tracing() and src_hw == dst_hw:
+        # (while tracing the grid is symbolic: always resample; at equal size it is exact)
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     if grid.shape[1] != src_hw[0] * src_hw[1]:
@@ -54,7 +57,7 @@ def resize_rel_pos_table(table: torch.Tensor, src_window: Sequence[int],
 
 def resize_rel_pos_1d(rel_pos: torch.Tensor, length: int) -> torch.Tensor:
     """Resize a decomposed (per-axis) relative-position table ``(L, C)`` to ``length`` rows."""
-    if rel_pos.shape[0] == length:
+    if not is_tracing() and rel_pos.shape[0] == length:
         return rel_pos
     out = F.interpolate(rel_pos.t().unsqueeze(0).float(), size=length, mode='linear')
     return out.squeeze(0).t().to(rel_pos.dtype)

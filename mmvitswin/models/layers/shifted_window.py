@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from .attention import WindowAttention
+from .switch import is_tracing
 from .window import effective_window, shift_window_mask, window_gather_index
 
 
@@ -16,9 +17,11 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     """(S)W-MSA of ``x: (B, *spatial, C)`` with the window attention module ``attn``.
 
     Semantics: pad each spatial dim to a multiple of the window (end of the dim), roll by
-    ``-shift``, attend inside windows with the relative position bias and the cached shift mask,
+    ``-shift``, attend inside windows with the relative position bias and the shift mask,
     roll back, crop the padding. The pad comes **before** the shift, as in mmdet/mmseg/mmaction2.
-    The pad/roll/partition chain runs as one cached gather each way (``window_gather_index``).
+    The pad/roll/partition chain runs as one gather each way (``window_gather_index``); the
+    indices and the mask are recomputed from the sizes on every call (a few small integer
+    ops), so nothing is cached and every size traces the same way.
 
     ``clamp_to_input``: shrink the window (and drop the shift) along dims where the input is not
     larger than the window, as the video Swin does; the 2-D Swin keeps mmdet's full windows.
@@ -32,14 +35,12 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     n = 1
     for w in window:
         n *= w
-    gather, pad, scatter = window_gather_index(spatial, window, shift, x.device)
+    gather, valid, scatter = window_gather_index(spatial, window, shift, x.device)
     windows = x.reshape(b, -1, c).index_select(1, gather)
-    if pad is not None:
-        windows = windows.index_fill(1, pad, 0.)
-    mask = None
-    if any(shift):
-        padded = tuple(-(-s // w) * w for s, w in zip(spatial, window))
-        mask = shift_window_mask(padded, window, shift, x.device, x.dtype)
+    padded = tuple(-(-s // w) * w for s, w in zip(spatial, window))
+    if is_tracing() or padded != spatial:
+        windows = windows.masked_fill(~valid[:, None], 0.)
+    mask = shift_window_mask(padded, window, shift, x.device) if any(shift) else None
     out = attn(windows.view(-1, n, c), mask)
     return out.view(b, -1, c).index_select(1, scatter).view(x.shape)
 

@@ -3,39 +3,32 @@
 Every function works on channels-last tensors ``(B, *spatial, C)`` with any number of spatial
 dimensions (2 for images, 3 for video), so the image and video backbones share one code path.
 """
-from functools import lru_cache
 from typing import Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from .switch import is_tracing
+
 Size = Tuple[int, ...]
 
 
 def to_tuple(value, ndim: int, name: str) -> Size:
-    """Expand an int to ``ndim`` ints, or validate a sequence of ``ndim`` positive ints."""
-    if isinstance(value, bool):
-        raise TypeError(f'{name} must be an int or a sequence of {ndim} ints, got {value!r}')
-    if isinstance(value, int):
-        out = (value, ) * ndim
-    elif isinstance(value, Sequence) and len(value) == ndim and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
-        out = tuple(value)
-    else:
-        raise TypeError(f'{name} must be an int or a sequence of {ndim} ints, got {value!r}')
-    if min(out) < 1:
-        raise ValueError(f'{name} must be >= 1, got {value!r}')
-    return out
+    """Expand an int to ``ndim`` ints, or validate a sequence of ``ndim`` positive ints
+    (TypeError / ValueError naming ``name``: :func:`mmvitswin.validate.int_tuple`)."""
+    from ...validate import int_tuple
+    return int_tuple(name, value, ndim, low=1)
 
 
 def pad_to_multiple(x: torch.Tensor, multiple: Size) -> Tuple[torch.Tensor, Size]:
     """Zero-pad the spatial dims of ``x: (B, *spatial, C)`` at their end up to ``multiple``.
 
-    Returns the padded tensor and its padded spatial size.
+    Returns the padded tensor and its padded spatial size. The pad is always applied while
+    tracing (a zero-width pad is a no-op), so no branch depends on the input size.
     """
     spatial = x.shape[1:-1]
     pads = [(-s) % m for s, m in zip(spatial, multiple)]
-    if any(pads):
+    if is_tracing() or any(p != 0 for p in pads):
         # F.pad lists pads from the last dim backwards: channels first (none), then spatial.
         flat = [0, 0]
         for p in reversed(pads):
@@ -97,31 +90,37 @@ def relative_position_index(window: Size) -> torch.Tensor:
     return index
 
 
-@lru_cache(maxsize=64)
+def _grid_view(t: torch.Tensor, axis: int, ndim: int) -> torch.Tensor:
+    """View a 1-D ``t`` so that it runs along ``axis`` of an ``ndim``-D broadcast grid."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return t.view(shape)
+
+
 def shift_window_mask(padded: Size, window: Size, shift: Size, device: torch.device,
-                      dtype: torch.dtype, fill: float = -100.0) -> torch.Tensor:
-    """Additive attention mask for shifted windows, cached per (size, window, shift, device, dtype).
+                      fill: float = -100.0) -> torch.Tensor:
+    """Additive attention mask for shifted windows: ``(num_windows, N, N)`` float32.
 
     After a cyclic shift by ``-shift`` some windows hold tokens from different image regions;
     pairs from different regions get ``fill`` (the references use -100, not -inf, and we keep
-    it to reproduce their numbers). Returns ``(num_windows, N, N)``. Padded tokens are not
-    masked, matching mmdet/mmseg/mmaction2. The result must be treated as read-only.
+    it to reproduce their numbers). Padded tokens are not masked, matching mmdet/mmseg/mmaction2.
+
+    Computed from the sizes with tensor ops only (no Python loop over positions, no cache), so
+    it traces with symbolic sizes: along each dim, a rolled position ``p`` of a padded length
+    ``P`` belongs to region ``[p >= P - w] + [p >= P - s]`` (0, 1 or 2), the three slices
+    ``[0, P-w)``, ``[P-w, P-s)``, ``[P-s, P)`` of the references.
     """
-    label = torch.zeros((1, *padded, 1))
-    region_slices = [((0, -w), (-w, -s), (-s, None)) if s > 0 else ((0, None), )
-                     for w, s in zip(window, shift)]
-    count = 0
-    for combo in _product(region_slices):
-        index = (slice(None), ) + tuple(slice(a, b) for a, b in combo) + (slice(None), )
-        label[index] = count
-        count += 1
-    labels = window_partition(label, window).squeeze(-1)  # (nW, N)
-    diff = labels[:, None, :] - labels[:, :, None]
-    mask = torch.zeros(diff.shape).masked_fill(diff != 0, fill)
-    return mask.to(device=device, dtype=dtype)
+    nd = len(padded)
+    label = torch.zeros((), dtype=torch.long, device=device)
+    for axis, (p, w, s) in enumerate(zip(padded, window, shift)):
+        pos = torch.arange(p, device=device)
+        region = (pos >= p - w).long() + (pos >= p - s).long() if s > 0 else pos * 0
+        label = label * 3 + _grid_view(region, axis, nd)
+    labels = window_partition(label.expand(*padded)[None, ..., None], window).squeeze(-1)
+    same = labels[:, None, :] == labels[:, :, None]  # (nW, N, N)
+    return torch.zeros(same.shape, device=device).masked_fill(~same, fill)
 
 
-@lru_cache(maxsize=128)
 def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.device):
     """Indices that take a flattened input straight to padded, shifted windows and back.
 
@@ -130,33 +129,38 @@ def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.
     with ``L = prod(spatial)``:
 
     - ``gather`` ``(nW * N,)``: ``x[:, gather]`` lists the tokens window by window; entries that
-      fall into padding point at token 0 and are listed in ``pad``;
-    - ``pad`` ``(P,)`` or None: positions (in window order) to zero, as the padding would be;
+      fall into padding point at token 0;
+    - ``valid`` ``(nW * N,)`` bool: False where the entry is padding (to be zeroed);
     - ``scatter`` ``(L,)``: ``windows[:, scatter]`` puts every real token back in place.
+
+    Pure index arithmetic on ``arange``s (no ``nonzero``, no cache): the window-order position
+    of a token follows from its rolled coordinate ``(y - shift) mod P`` split into window-grid
+    cell and in-window offset, so the indices trace with symbolic sizes (compile, export).
     """
-    padded = tuple(-(-s // w) * w for s, w in zip(spatial, window))
-    # After rolling by -shift, rolled position p holds padded position (p + shift) % P.
-    axes = [(torch.arange(p) + h) % p for p, h in zip(padded, shift)]
-    grids = torch.meshgrid(*axes, indexing='ij')
-    valid = torch.ones(padded, dtype=torch.bool)
-    flat = torch.zeros(padded, dtype=torch.long)
-    for g, s in zip(grids, spatial):
-        valid &= g < s
-        flat = flat * s + g
-    flat = window_partition(flat.masked_fill(~valid, 0)[None, ..., None], window).reshape(-1)
-    valid = window_partition(valid[None, ..., None], window).reshape(-1)
-    scatter = torch.empty(int(valid.sum()), dtype=torch.long)
-    scatter[flat[valid]] = torch.nonzero(valid).squeeze(1)
-    pad = torch.nonzero(~valid).squeeze(1)
-    return (flat.to(device), None if pad.numel() == 0 else pad.to(device), scatter.to(device))
-
-
-def _product(lists):
-    """itertools.product over a short list of lists (kept local to stay compile-friendly)."""
-    out = [()]
-    for options in lists:
-        out = [prefix + (o, ) for prefix in out for o in options]
-    return out
+    nd = len(spatial)
+    padded = [-(-s // w) * w for s, w in zip(spatial, window)]
+    # Forward: a grid (G_0, .., G_{nd-1}, w_0, .., w_{nd-1}) in window order.
+    flat = torch.zeros((), dtype=torch.long, device=device)
+    valid = torch.ones((), dtype=torch.bool, device=device)
+    for axis, (s, w, h, p) in enumerate(zip(spatial, window, shift, padded)):
+        cell = _grid_view(torch.arange(p // w, device=device), axis, 2 * nd)
+        offset = _grid_view(torch.arange(w, device=device), nd + axis, 2 * nd)
+        coord = (cell * w + offset + h) % p  # the padded position this rolled one holds
+        valid = valid & (coord < s)
+        flat = flat * s + coord
+    gather = flat.masked_fill(~valid, 0).reshape(-1)
+    # Inverse: for each real token (raster order), its position in window order.
+    n = 1
+    for w in window:
+        n *= w
+    cell_index = torch.zeros((), dtype=torch.long, device=device)
+    offset_index = torch.zeros((), dtype=torch.long, device=device)
+    for axis, (s, w, h, p) in enumerate(zip(spatial, window, shift, padded)):
+        rolled = _grid_view((torch.arange(s, device=device) - h) % p, axis, nd)
+        cell_index = cell_index * (p // w) + rolled // w
+        offset_index = offset_index * w + rolled % w
+    scatter = (cell_index * n + offset_index).reshape(-1)
+    return gather, valid.reshape(-1), scatter
 
 
 def effective_window(spatial: Size, window: Size, shift: Size) -> Tuple[Size, Size]:

@@ -1,0 +1,75 @@
+"""ONNX export of a backbone with dynamic batch, height and width, and its check in onnxruntime.
+
+Used by ``tools/export_onnx.py`` and the tests. The exporter is ``torch.onnx.export(...,
+dynamo=True)`` (torch >= 2.5): it traces the model with ``torch.export`` and symbolic sizes,
+so the graph holds for any input size; our layers keep every size-dependent step in tensor
+ops (see ``models/layers/switch.py``), which is what makes one graph possible. Needs the
+``deploy`` extra: ``pip install -e .[deploy]`` (onnx, onnxscript, onnxruntime).
+"""
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .compat import HAS_DYNAMO_ONNX_EXPORT
+
+
+def _input_names(ndim: int) -> Tuple[str, dict]:
+    """The input's name and its dynamic axes (batch and every spatial dim)."""
+    axes = {0: 'batch'}
+    names = ['height', 'width'] if ndim == 4 else ['time', 'height', 'width']
+    for i, name in enumerate(names):
+        axes[2 + i] = name
+    return 'x', axes
+
+
+def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str,
+                opset: int = 18) -> List[str]:
+    """Export ``model`` (eval mode) traced on ``example`` to ``path`` with every dim of the input
+    but the channels dynamic. Returns the output names (``out0``, ``out1``, ...)."""
+    if not HAS_DYNAMO_ONNX_EXPORT:
+        raise RuntimeError(f'ONNX export needs torch >= 2.5 (torch.onnx.export(dynamo=True)); '
+                           f'this is torch {torch.__version__}')
+    from torch.export import Dim
+    model = model.eval()
+    with torch.no_grad():
+        outs = model(example)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs, )
+    out_names = [f'out{i}' for i in range(len(outs))]
+    name, axes = _input_names(example.dim())
+    dynamic = {name: {axis: Dim.AUTO for axis in axes}}
+    torch.onnx.export(model, (example, ), path, input_names=[name], output_names=out_names,
+                      dynamic_shapes=dynamic, opset_version=opset, dynamo=True,
+                      external_data=False)
+    return out_names
+
+
+def run_onnx(path: str, x: torch.Tensor) -> List[torch.Tensor]:
+    """Run an exported model in onnxruntime (CPU) on ``x``."""
+    import onnxruntime as ort
+    session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    outs = session.run(None, {session.get_inputs()[0].name: x.detach().cpu().numpy()})
+    return [torch.from_numpy(o) for o in outs]
+
+
+def compare_onnx(model: torch.nn.Module, path: str, x: torch.Tensor) -> List[float]:
+    """Max error of each ONNX output relative to the eager output's max magnitude at ``x``."""
+    with torch.no_grad():
+        eager = model.eval()(x)
+    eager = eager if isinstance(eager, (tuple, list)) else (eager, )
+    got = run_onnx(path, x)
+    if len(got) != len(eager):
+        raise RuntimeError(f'ONNX model returned {len(got)} outputs, eager {len(eager)}')
+    errors = []
+    for g, e in zip(got, eager):
+        if tuple(g.shape) != tuple(e.shape):
+            raise RuntimeError(f'ONNX output shape {tuple(g.shape)} != eager {tuple(e.shape)}')
+        scale = e.abs().max().clamp_min(1e-12)
+        errors.append(float((g - e).abs().max() / scale))
+    return errors
+
+
+def second_size(shape: Sequence[int], check: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
+    """The spatial size to check at: ``check`` or an odd size different from ``shape``."""
+    if check is not None:
+        return tuple(check)
+    return tuple((s * 3 // 4) | 1 if (s * 3 // 4) | 1 != s else s + 2 for s in shape)
