@@ -3,6 +3,8 @@
 #   make demo      train + evaluate Mask R-CNN Swin on the generated "shapes" data
 #   make test      the whole pytest suite
 #   make bench     the standard speed/memory benchmark against mmdet's Swin
+#   make test-compat  the suite on the oldest tested stack: $(COMPAT_VENV) with $(COMPAT_TORCH_SPEC),
+#                  Python 3.8, numpy<2 and mmcv $(MMCV_VERSION) compiled against that torch
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,8 +15,14 @@ WHEEL_DIR ?= $(HOME)/.cache/mmvitswin/wheels
 FORCE_CUDA ?= 0
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 STAMP := $(VENV)/.stamps
+# The compatibility floor (README "Tested versions"): a second venv built by the same rules.
+COMPAT_VENV ?= .venv-compat
+COMPAT_TORCH_SPEC ?= torch==2.1.2
+COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.8*/bin/python) python3.8)
+# Pins applied to every pip call of the compat build (numpy<2: torch 2.1 was built against 1.x).
+COMPAT_CONSTRAINTS ?= $(CURDIR)/requirements/compat-constraints.txt
 
-.PHONY: install test demo bench clean reinstall-mmcv
+.PHONY: install test demo bench clean reinstall-mmcv install-compat test-compat
 
 install: $(STAMP)/package
 	@$(BIN)/python tools/check_mmcv_ops.py
@@ -40,15 +48,16 @@ $(STAMP)/mmcv: $(STAMP)/torch
 	fi
 	@set -e; \
 	tv=$$($(BIN)/python -c 'import torch; print(torch.__version__)'); \
+	py=$$($(BIN)/python -c 'import sys; print("cp%d%d" % sys.version_info[:2])'); \
 	dir="$(WHEEL_DIR)/torch-$$tv"; \
-	whl=$$(ls "$$dir"/mmcv-$(MMCV_VERSION)-*.whl 2>/dev/null | head -n 1); \
+	whl=$$(ls "$$dir"/mmcv-$(MMCV_VERSION)-$$py-*.whl 2>/dev/null | head -n 1); \
 	if [ -z "$$whl" ]; then \
 		echo "Compiling mmcv $(MMCV_VERSION) with ops against torch $$tv (about 12 min on 2 cores)..."; \
 		mkdir -p "$$dir"; \
 		MMCV_WITH_OPS=1 FORCE_CUDA=$(FORCE_CUDA) MAX_JOBS=$(JOBS) \
 			$(BIN)/pip wheel --no-build-isolation --no-deps --no-cache-dir \
 			"mmcv==$(MMCV_VERSION)" -w "$$dir"; \
-		whl=$$(ls "$$dir"/mmcv-$(MMCV_VERSION)-*.whl | head -n 1); \
+		whl=$$(ls "$$dir"/mmcv-$(MMCV_VERSION)-$$py-*.whl | head -n 1); \
 	else \
 		echo "Reusing compiled $$whl"; \
 	fi; \
@@ -58,7 +67,7 @@ $(STAMP)/mmcv: $(STAMP)/torch
 	@touch $@
 
 $(STAMP)/package: $(STAMP)/mmcv setup.cfg pyproject.toml setup.py
-	$(BIN)/pip install -e ".[tests]"
+	$(BIN)/pip install -e ".[tests,deploy]"
 	# mmaction2's wheel pins deps we do not need; the Video Swin parity test only reads one file of it.
 	$(BIN)/pip install --no-deps "mmaction2==1.2.0"
 	@touch $@
@@ -70,6 +79,15 @@ reinstall-mmcv:
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# Same rules as `install`, other venv/torch/python. PIP_CONSTRAINT replaces the machine-wide pip
+# constraint file (if any) for these pip calls only.
+install-compat:
+	PIP_CONSTRAINT="$(COMPAT_CONSTRAINTS)" $(MAKE) install VENV="$(COMPAT_VENV)" \
+		TORCH_SPEC="$(COMPAT_TORCH_SPEC)" PYTHON="$(COMPAT_PYTHON)"
+
+test-compat: install-compat
+	$(COMPAT_VENV)/bin/python -m pytest -q tests
+
 demo: install
 	$(BIN)/python tools/demo.py
 
@@ -77,4 +95,4 @@ bench: install
 	$(BIN)/python tools/benchmark.py --preset standard --out-dir bench_out
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(COMPAT_VENV) build *.egg-info

@@ -13,5 +13,11 @@ from .checkpoint.safe_load import install_safe_loading  # noqa: E402
 
 install_safe_loading()  # resume/load_from of runner checkpoints under torch>=2.6 (allow-list)
 
+from .engine.checkpoint_io import install_atomic_checkpoints  # noqa: E402
+from .engine.invalid_loss import install_invalid_loss_message  # noqa: E402
+
+install_atomic_checkpoints()  # no half-written checkpoint; --resume falls back (reliability.md)
+install_invalid_loss_message()  # mmdet's CheckInvalidLossHook names the iteration
+
 __all__ = ['__version__', 'MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS', 'DATASETS', 'HOOKS',
            'bridge_to_hosts']

@@ -15,6 +15,8 @@ from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import LOOPS as MMENGINE_LOOPS
+from mmengine.registry import OPTIM_WRAPPERS as MMENGINE_OPTIM_WRAPPERS
 from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmvitswin',
@@ -25,11 +27,15 @@ OPTIM_WRAPPER_CONSTRUCTORS = Registry(
 DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmvitswin',
                     locations=['mmvitswin.datasets'])
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmvitswin', locations=['mmvitswin.engine'])
+OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmvitswin',
+                          locations=['mmvitswin.engine'])
+LOOPS = Registry('loop', parent=MMENGINE_LOOPS, scope='mmvitswin', locations=['mmvitswin.engine'])
 
 # (host package, registry attribute in host.registry, our registry)
 _HOSTS = ('mmdet', 'mmseg', 'mmaction')
 _BRIDGED = (('MODELS', MODELS), ('OPTIM_WRAPPER_CONSTRUCTORS', OPTIM_WRAPPER_CONSTRUCTORS),
-            ('HOOKS', HOOKS), ('DATASETS', DATASETS))
+            ('HOOKS', HOOKS), ('DATASETS', DATASETS), ('OPTIM_WRAPPERS', OPTIM_WRAPPERS),
+            ('LOOPS', LOOPS))
 
 
 def bridge_to_hosts(hosts=_HOSTS) -> list:

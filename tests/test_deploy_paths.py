@@ -11,7 +11,7 @@
 import pytest
 import torch
 
-from mmvitswin.compat import COMPILE_DYNAMIC_OK, HAS_DYNAMO_ONNX_EXPORT
+from mmvitswin.compat import COMPILE_DYNAMIC_OK, CPU_AUTOCAST_FP16, HAS_DYNAMO_ONNX_EXPORT
 from mmvitswin.models.backbones.hybrid_vit import HybridViT
 from mmvitswin.models.backbones.swin import SwinTransformer
 from mmvitswin.models.backbones.swin3d import SwinTransformer3D
@@ -39,7 +39,7 @@ BACKBONES = {
 }
 # two odd sizes per backbone (video: T, H, W) that need padding at every stage
 SIZES = {'swin3d': ((5, 45, 61), (3, 37, 53))}
-IMAGE_SIZES = ((61, 83), (45, 77))
+IMAGE_SIZES = ((45, 77), (37, 53))
 
 
 def build(name: str, seed: int = 0) -> torch.nn.Module:
@@ -53,15 +53,23 @@ def inputs(name: str, which: int, batch: int = 2) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------ AMP
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('dtype', [
+    torch.bfloat16,
+    pytest.param(torch.float16, marks=pytest.mark.skipif(
+        not CPU_AUTOCAST_FP16, reason='fp16 autocast on CPU needs a newer torch'))])
 @pytest.mark.parametrize('name', sorted(BACKBONES))
 def test_amp_train_step_has_finite_grads_and_bf16_is_close_to_fp32(name, dtype):
-    model = build(name).train()
+    model = build(name).eval()
     x = inputs(name, 0)
-    with torch.no_grad():
-        model.eval()
-        ref = model(x)
-        model.train()
+    if dtype == torch.bfloat16:  # eval first: a train step would move BatchNorm statistics
+        with torch.no_grad():
+            ref = model(x)
+            with torch.autocast('cpu', dtype=dtype):
+                low = model(x)
+        for a, b in zip(low, ref):
+            assert a.shape == b.shape
+            assert max_rel_err(a.float(), b) < 5e-2
+    model.train()
     with torch.autocast('cpu', dtype=dtype):
         outs = model(x)
         loss = sum(o.float().square().mean() for o in outs)
@@ -73,12 +81,6 @@ def test_amp_train_step_has_finite_grads_and_bf16_is_close_to_fp32(name, dtype):
     bad = [n for n, p in params if not torch.isfinite(p.grad).all()]
     assert not bad, f'non-finite gradients in {bad[:5]}'
     assert all(p.grad.dtype == p.dtype for _, p in params)
-    if dtype == torch.bfloat16:
-        model.eval()
-        with torch.no_grad(), torch.autocast('cpu', dtype=dtype):
-            low = model(x)
-        for a, b in zip(low, ref):
-            assert max_rel_err(a.float(), b) < 5e-2
 
 
 def test_model_cast_to_bf16_runs_inference():

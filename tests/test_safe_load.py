@@ -1,9 +1,19 @@
-"""Safe checkpoint loading: runner checkpoints load, anything else is refused clearly."""
+"""Safe checkpoint loading: runner checkpoints load, anything else is refused clearly.
+
+On torch < 2.6 there is no usable allow-list and loading is MMEngine's own full pickle: the
+weights-only tests skip there and ``test_old_torch_loads_like_mmengine`` pins that behaviour.
+"""
 import os
 
 import numpy as np
 import pytest
 import torch
+from conftest import requires_torch
+
+from mmvitswin import compat
+
+# torch >= 2.6: add_safe_globals with (obj, 'module.name') entries; see mmvitswin.compat
+requires_allow_list = requires_torch((2, 6), 'weights-only loading with an allow-list')
 
 MARKER_ENV = 'A1_SAFE_LOAD_MARKER'
 
@@ -24,7 +34,9 @@ class Payload:
 
 
 def globals_in_checkpoint(path):
-    """Every non-default global a checkpoint pickles (ignoring any allow-list in effect)."""
+    """Every non-default global a checkpoint pickles (ignoring any allow-list in effect).
+
+    Needs torch >= 2.5 (``get_unsafe_globals_in_checkpoint``)."""
     saved = torch.serialization.get_safe_globals()
     torch.serialization.clear_safe_globals()
     try:
@@ -51,16 +63,13 @@ def _runner_like_checkpoint():
         param_schedulers=[dict(last_step=2, by_epoch=False, base_values=[1e-4])])
 
 
-def test_runner_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
+def test_runner_checkpoint_loads(tmp_path, monkeypatch):
+    """Every torch: a runner checkpoint round-trips through MMEngine's loader."""
     import mmvitswin  # noqa: F401  (installs the loaders)
     from mmengine.runner.checkpoint import _load_checkpoint
-    from mmvitswin.checkpoint.safe_load import _allowed_names
     monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
     path = str(tmp_path / 'runner.pth')
     torch.save(_runner_like_checkpoint(), path)
-    unsafe = globals_in_checkpoint(path)
-    assert {'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr'} <= unsafe
-    assert unsafe <= _allowed_names()
     ckpt = _load_checkpoint(path, map_location='cpu')  # the path Runner.resume / load_from take
     hub = ckpt['message_hub']
     assert hub['log_scalars']['train/loss'].mean() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
@@ -71,6 +80,41 @@ def test_runner_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
     assert torch.load(path, map_location='cpu')['meta']['iter'] == 2
 
 
+@requires_allow_list
+def test_runner_checkpoint_needs_only_allow_listed_globals(tmp_path, monkeypatch):
+    import mmvitswin  # noqa: F401
+    from mmvitswin.checkpoint.safe_load import WEIGHTS_ONLY_LOADING, _allowed_names
+    assert WEIGHTS_ONLY_LOADING
+    path = str(tmp_path / 'runner.pth')
+    torch.save(_runner_like_checkpoint(), path)
+    unsafe = globals_in_checkpoint(path)
+    assert {'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr'} <= unsafe
+    assert unsafe <= _allowed_names()
+    # and the weights-only unpickler, given the allow-list, rebuilds it
+    assert torch.load(path, map_location='cpu', weights_only=True)['meta']['epoch'] == 1
+
+
+@pytest.mark.skipif(compat.HAS_SAFE_GLOBAL_ALIASES, reason='torch >= 2.6 refuses instead')
+def test_old_torch_loads_like_mmengine(tmp_path, monkeypatch):
+    """torch < 2.6: no allow-list, so loading is MMEngine's full pickle (documented as unsafe
+    for untrusted files): nothing is refused and the file's code does run."""
+    import mmvitswin  # noqa: F401
+    from mmengine.runner.checkpoint import _load_checkpoint
+    from mmvitswin.checkpoint.safe_load import WEIGHTS_ONLY_LOADING, check_trusted
+    monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
+    assert not WEIGHTS_ONLY_LOADING and not compat.WEIGHTS_ONLY_DEFAULT
+    assert compat.add_safe_globals([Payload]) is False
+    marker = tmp_path / 'marker'
+    path = str(tmp_path / 'evil.pth')
+    ckpt = _runner_like_checkpoint()
+    ckpt['meta']['hook_msgs'] = Payload(str(marker))
+    torch.save(ckpt, path)
+    check_trusted(path)  # no refusal on this torch
+    loaded = _load_checkpoint(path, map_location='cpu')
+    assert marker.read_text() == 'code ran' and loaded['meta']['iter'] == 2
+
+
+@requires_allow_list
 def test_disallowed_object_is_refused_with_instructions(tmp_path, monkeypatch):
     import mmvitswin  # noqa: F401
     from mmengine.runner.checkpoint import _load_checkpoint
@@ -94,6 +138,7 @@ def test_disallowed_object_is_refused_with_instructions(tmp_path, monkeypatch):
     assert marker.read_text() == 'code ran' and loaded['meta']['iter'] == 2
 
 
+@requires_allow_list
 def test_getattr_stand_in_only_reaches_history_buffer_methods(tmp_path, monkeypatch):
     """A pickled getattr(np.ndarray, '__class__')-style walk must not get through."""
     import pickle
@@ -114,6 +159,7 @@ def test_getattr_stand_in_only_reaches_history_buffer_methods(tmp_path, monkeypa
     assert issubclass(UntrustedCheckpointError, pickle.UnpicklingError)
 
 
+@requires_allow_list
 def test_tools_report_untrusted_resume_checkpoint(tmp_path, monkeypatch, capsys):
     """--resume with a refused file: exit 2 and the explanation, no traceback."""
     import importlib.util

@@ -115,7 +115,7 @@ def test_rasterize_square_area_and_bad_kind():
     (dict(max_objects=0), 'max_objects'),
 ])
 def test_make_shapes_rejects_bad_arguments(tmp_path, kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):  # TypeError: not a (H, W) pair
         make_shapes(str(tmp_path), **kwargs)
 
 

@@ -3,12 +3,14 @@
     python tools/demo.py                       # Mask R-CNN + Swin-nano, CocoMetric bbox + segm
     python tools/demo.py --seg                 # UPerNet + Swin-nano, mIoU
     python tools/demo.py --work-dir W --data-root D --config C [--max-iters N]
+    python tools/demo.py --precision fp32      # default 'auto': bf16 where the CPU has it
 
 Steps: generate the data under ``--data-root`` if it is missing (tools/make_shapes.py), train
 with the MMEngine Runner (progress and ETA in the log), evaluate on the val split, draw the
 predictions on a val image with mmdet's DetLocalVisualizer (mmseg's SegLocalVisualizer for
 ``--seg``) next to the ground truth, and print where the work dir, checkpoint, metrics JSON and
-PNGs are.
+PNGs are. ``--precision auto`` trains in bf16 mixed precision (``CPUAmpOptimWrapper``) when
+the CPU runs bf16 natively (AMX-BF16 or AVX512-BF16), else in fp32; the output says which ran.
 """
 import argparse
 import json
@@ -16,7 +18,7 @@ import os
 import os.path as osp
 import sys
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
@@ -109,11 +111,30 @@ def first_val_sample(runner):
     return dataset.get_data_info(0)['img_path'], item['data_samples']
 
 
+def choose_precision(requested: str = 'auto') -> Tuple[str, str]:
+    """('bf16' | 'fp32', why) for ``--precision``: 'auto' takes bf16 where the CPU runs it
+    natively and no GPU is present."""
+    import torch
+    from mmvitswin.engine.amp import cpu_bf16_support
+    if requested == 'fp32':
+        return 'fp32', 'requested'
+    if torch.cuda.is_available():
+        return ('bf16', 'requested, on CUDA') if requested == 'bf16' else (
+            'fp32', 'CUDA device: use tools/train.py --amp for mixed precision')
+    native, found = cpu_bf16_support()
+    if requested == 'bf16':
+        return 'bf16', 'requested' + ('' if native else f' ({found}: emulated, slow)')
+    return ('bf16', f'CPU has {found}') if native else ('fp32', found)
+
+
 def run_demo(config: str, work_dir: str, data_root: str, max_iters: Optional[int] = None,
-             cfg_options: Optional[dict] = None, log=print) -> Dict[str, object]:
+             cfg_options: Optional[dict] = None, log=print,
+             precision: str = 'auto') -> Dict[str, object]:
     """Generate data if needed, train, evaluate, draw; return a summary of the outputs."""
     import mmvitswin  # noqa: F401
+    import torch
     from mmengine.runner import Runner
+    from mmvitswin.engine.amp import apply_amp
 
     from visualize import visualize
 
@@ -133,6 +154,10 @@ def run_demo(config: str, work_dir: str, data_root: str, max_iters: Optional[int
             sched['begin'] = min(sched.get('begin', 0), max_iters - 1)
             sched['end'] = max(min(sched.get('end', max_iters), max_iters), sched['begin'] + 1)
     cfg.work_dir = work_dir
+    precision, why = choose_precision(precision)
+    if precision == 'bf16':
+        apply_amp(cfg.optim_wrapper, torch.cuda.is_available(), 'bf16')
+    log(f'[demo] precision: {precision} ({why})')
     ensure_shapes(data_root, cfg.get('image_size', (128, 128)), log)
 
     start = time.time()
@@ -145,14 +170,16 @@ def run_demo(config: str, work_dir: str, data_root: str, max_iters: Optional[int
     metrics_json = osp.join(work_dir, 'metrics.json')
     with open(metrics_json, 'w') as f:
         json.dump(dict(config=osp.abspath(config), train_and_eval_seconds=round(train_eval_s, 1),
-                       max_iters=cfg.train_cfg.max_iters, metrics=recorder.metrics), f, indent=2)
+                       max_iters=cfg.train_cfg.max_iters, precision=precision,
+                       precision_reason=why, metrics=recorder.metrics), f, indent=2)
     img_path, gt_sample = first_val_sample(runner)
     runner.model.eval()
     pngs = visualize(cfg, runner.model, img_path, osp.join(work_dir, 'vis'),
                      draw_gt_sample=gt_sample)
     return dict(work_dir=osp.abspath(work_dir), checkpoint=latest_checkpoint(work_dir),
                 metrics_json=metrics_json, metrics=recorder.metrics, pngs=pngs,
-                train_and_eval_seconds=train_eval_s, log_dir=runner.log_dir)
+                train_and_eval_seconds=train_eval_s, log_dir=runner.log_dir,
+                precision=precision, precision_reason=why)
 
 
 def parse_args(argv=None):
@@ -164,6 +191,9 @@ def parse_args(argv=None):
     parser.add_argument('--data-root', default='data/shapes',
                         help='shapes data folder; generated if missing (default data/shapes)')
     parser.add_argument('--max-iters', type=int, help='train this many iterations instead')
+    parser.add_argument('--precision', choices=['auto', 'bf16', 'fp32'], default='auto',
+                        help='training precision; auto = bf16 mixed precision where the CPU '
+                        'has AMX-BF16/AVX512-BF16, else fp32 (default auto)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, key=value')
     return parser.parse_args(argv)
@@ -177,12 +207,14 @@ def main(argv=None) -> int:
         return 2
     work_dir = args.work_dir or osp.join('work_dirs', osp.splitext(osp.basename(config))[0])
     os.makedirs(work_dir, exist_ok=True)
-    summary = run_demo(config, work_dir, args.data_root, args.max_iters, args.cfg_options)
+    summary = run_demo(config, work_dir, args.data_root, args.max_iters, args.cfg_options,
+                       precision=args.precision)
     minutes = summary['train_and_eval_seconds'] / 60
     metrics = summary['metrics']
     shown = {k: v for k, v in metrics.items()
              if k.endswith(('bbox_mAP', 'segm_mAP', 'mIoU', 'aAcc'))}
     print('\n[demo] done in {:.1f} min (train + eval)'.format(minutes))
+    print(f"[demo] precision:    {summary['precision']} ({summary['precision_reason']})")
     for key, value in shown.items():
         print(f'[demo]   {key}: {value}')
     print(f"[demo] work dir:     {summary['work_dir']}")

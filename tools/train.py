@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a detector or segmentor from an mmvitswin (or any mmdet/mmseg) config.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [CHECKPOINT]] [--amp]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CHECKPOINT]] [--amp [--amp-dtype D]]
                           [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
 
 The config's ``default_scope`` ('mmdet' or 'mmseg') decides which library builds it. Several
@@ -26,7 +26,11 @@ def parse_args(argv=None):
         help='resume training: alone, from the latest checkpoint in the work dir; with a path, '
         'from that checkpoint (model, optimizer, schedulers, iteration and message hub)')
     parser.add_argument('--amp', action='store_true',
-                        help='automatic mixed precision (needs CUDA)')
+                        help='mixed precision: bf16 on CPU (CPUAmpOptimWrapper), fp16 with '
+                        'dynamic loss scaling on CUDA (AmpOptimWrapper)')
+    parser.add_argument('--amp-dtype', choices=['bf16', 'fp16'],
+                        help='with --amp: bf16 (the default on CPU, the only choice there) or '
+                        'fp16 (the default on CUDA)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the lr by actual batch size / the config\'s base batch size')
     parser.add_argument(
@@ -54,7 +58,15 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.cfg_options)
         notes = prepare_config(cfg, args.config, launcher=args.launcher,
-                               work_dir=args.work_dir, resume=args.resume, amp=args.amp)
+                               work_dir=args.work_dir, resume=args.resume, amp=args.amp,
+                               amp_dtype=args.amp_dtype)
+        if args.amp_dtype and not args.amp:
+            raise ToolError('--amp-dtype needs --amp')
+        if not args.amp:
+            wrapper = (cfg.get('optim_wrapper') or {}).get('type', 'OptimWrapper')
+            wrapper = str(wrapper).split('.')[-1]
+            notes.append('precision: fp32 (no --amp)' if wrapper == 'OptimWrapper' else
+                         f'precision: as the config\'s {wrapper} sets it')
         if args.auto_scale_lr:
             if not isinstance(cfg.get('auto_scale_lr'), dict) or \
                     'base_batch_size' not in cfg.auto_scale_lr:

@@ -9,6 +9,9 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=3),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='DetVisualizationHook'))
+# A NaN/Inf loss stops the run at once (mmdet's own hook; mmvitswin makes its error name
+# the iteration, see docs/reliability.md)
+custom_hooks = [dict(type='CheckInvalidLossHook', interval=1)]
 visualizer = dict(
     type='DetLocalVisualizer', vis_backends=[dict(type='LocalVisBackend')], name='visualizer')
 log_processor = dict(type='LogProcessor', window_size=50, by_epoch=True)

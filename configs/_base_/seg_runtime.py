@@ -9,6 +9,9 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=16000, max_keep_ckpts=3),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='SegVisualizationHook'))
+# A NaN/Inf loss stops the run at once: mmdet's hook (mmseg ships none; mmvitswin makes
+# its error name the iteration, see docs/reliability.md)
+custom_hooks = [dict(type='mmdet.CheckInvalidLossHook', interval=1)]
 visualizer = dict(
     type='SegLocalVisualizer', vis_backends=[dict(type='LocalVisBackend')], name='visualizer')
 log_processor = dict(by_epoch=False)

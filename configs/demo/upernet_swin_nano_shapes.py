@@ -129,6 +129,9 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', interval=max_iters, by_epoch=False, max_keep_ckpts=1),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='SegVisualizationHook'))
+# A NaN/Inf loss stops the run at once: mmdet's hook (mmseg ships none; mmvitswin makes
+# its error name the iteration, see docs/reliability.md)
+custom_hooks = [dict(type='mmdet.CheckInvalidLossHook', interval=1)]
 env_cfg = dict(
     cudnn_benchmark=False,
     mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),

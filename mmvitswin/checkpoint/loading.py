@@ -6,7 +6,12 @@ inside whatever container was saved, hand it to the backbone's converter, resize
 backbone knows how to resize, refuse an architecture mismatch, and report every key that still
 does not match in **one** warning.
 """
+import os
+import os.path as osp
+import pickle
+import pickletools
 import warnings
+import zipfile
 from collections import OrderedDict
 from typing import Dict, List, NamedTuple, Optional
 
@@ -15,6 +20,8 @@ import torch.nn as nn
 
 StateDict = Dict[str, torch.Tensor]
 _CONTAINER_KEYS = ('state_dict', 'model', 'module', 'model_state', 'state_dict_ema')
+_URL_PREFIXES = ('http://', 'https://')
+LOCAL_COPY_HINT = ('--cfg-options model.backbone.init_cfg.checkpoint=/path/to/local/copy.pth')
 
 
 class LoadReport(NamedTuple):
@@ -22,12 +29,155 @@ class LoadReport(NamedTuple):
     unexpected: List[str]
 
 
+# ------------------------------------------------------------------------------ errors
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded. ``source`` is the file or URL, ``cause`` one of
+    ``'missing'``, ``'damaged'``, ``'not a checkpoint'``, ``'other model'``,
+    ``'unreachable'``; the message names both. (Refused pickled code is
+    :class:`~mmvitswin.checkpoint.safe_load.UntrustedCheckpointError`.)"""
+
+    def __init__(self, source: str, cause: str, detail: str):
+        self.source = str(source)
+        self.cause = cause
+        super().__init__(f'checkpoint {source} is unusable ({cause}): {detail}')
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint path that does not exist (also a ``FileNotFoundError``)."""
+
+    def __init__(self, source: str, detail: str):
+        CheckpointError.__init__(self, source, 'missing', detail)
+
+    def __str__(self) -> str:  # OSError would print its errno/filename form
+        return self.args[0]
+
+
+def hub_cache_path(url: str) -> str:
+    """Where a checkpoint URL is cached: torch hub's ``checkpoints`` dir (mmengine's too)."""
+    from urllib.parse import urlparse
+    return osp.join(torch.hub.get_dir(), 'checkpoints', osp.basename(urlparse(url).path))
+
+
+def download_error(url: str, exc: BaseException, path: Optional[str] = None) -> CheckpointError:
+    """The error for a checkpoint URL that could not be fetched (offline machine, bad URL)."""
+    path = path or hub_cache_path(url)
+    return CheckpointError(
+        url, 'unreachable',
+        f'downloading it failed ({type(exc).__name__}: {exc}). Without network access, fetch '
+        f'the file on another machine and either copy it to {path} (the torch hub checkpoint '
+        f'cache, used instead of the URL when present) or point the config at a local copy, '
+        f'e.g. {LOCAL_COPY_HINT}')
+
+
+def fetch_checkpoint(url: str) -> str:
+    """Local path of a checkpoint URL: the cached copy, else downloaded into the cache (rank
+    0 first in a distributed run). Raises :class:`CheckpointError` ('unreachable')."""
+    path = hub_cache_path(url)
+    if osp.isfile(path):
+        return path
+    from mmengine.dist import get_dist_info
+    rank, world_size = get_dist_info()
+    failure: Optional[BaseException] = None
+    if rank == 0:
+        try:
+            os.makedirs(osp.dirname(path), exist_ok=True)
+            torch.hub.download_url_to_file(url, path, progress=False)
+        except Exception as exc:  # URLError, HTTPError, timeouts, disk errors
+            failure = exc
+    if world_size > 1:
+        torch.distributed.barrier()
+    if failure is None and not osp.isfile(path):
+        failure = FileNotFoundError(f'rank 0 did not leave {path}')
+    if failure is not None:
+        raise download_error(url, failure, path) from None
+    return path
+
+
+def _pickles_parse(path: str, count: int = 5) -> bool:
+    """Whether the first ``count`` pickles of a legacy ``torch.save`` file parse completely
+    (opcode scan only, nothing is executed or imported)."""
+    try:
+        with open(path, 'rb') as f:
+            for _ in range(count):
+                for _op in pickletools.genops(f):
+                    pass
+    except Exception:
+        return False
+    return True
+
+
+def check_checkpoint_file(path: str, source: Optional[str] = None) -> str:
+    """Classify a local checkpoint file before unpickling anything; return its kind
+    ('zip' or 'legacy'). Raises :class:`CheckpointError` naming the file for a missing,
+    empty, truncated or foreign file."""
+    source = source or path
+    if not osp.exists(path):
+        raise CheckpointNotFoundError(source, f'no such file ({osp.abspath(path)})')
+    if osp.isdir(path):
+        raise CheckpointError(source, 'not a checkpoint', 'it is a directory')
+    size = osp.getsize(path)
+    if size == 0:
+        raise CheckpointError(source, 'damaged', 'the file is empty (0 bytes): an interrupted '
+                              'save or download?')
+    with open(path, 'rb') as f:
+        head = f.read(64)
+    if head.startswith(b'PK\x03\x04'):
+        if not zipfile.is_zipfile(path):
+            raise CheckpointError(source, 'damaged', f'a zip checkpoint without its end record '
+                                  f'({size} bytes): truncated by an interrupted save or '
+                                  f'download?')
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise CheckpointError(source, 'damaged', f'unreadable zip archive ({exc})') from None
+        if not any(n.endswith('data.pkl') for n in names):
+            raise CheckpointError(source, 'not a checkpoint', 'a zip archive without the '
+                                  f'data.pkl of torch.save (entries: {names[:5]})')
+        return 'zip'
+    if head[:1] == b'\x80':  # a pickle: the format of torch.save before PyTorch 1.6
+        if not _pickles_parse(path):
+            raise CheckpointError(source, 'damaged', 'its pickle stream ends early or is '
+                                  'corrupt (a truncated legacy torch.save file?)')
+        return 'legacy'
+    what = 'text (an HTML error page or a pointer file?)' if head.lstrip()[:1] in (
+        b'<', b'{', b'v') else f'starts with bytes {head[:8]!r}'
+    raise CheckpointError(source, 'not a checkpoint', f'neither a PyTorch zip checkpoint nor a '
+                          f'legacy torch.save pickle: {what}')
+
+
 def load_checkpoint_file(checkpoint: str, map_location='cpu') -> dict:
-    """Load a checkpoint from a path or URL (anything mmengine's CheckpointLoader accepts)."""
+    """Load a checkpoint from a local path or an http(s) URL (other schemes go to mmengine's
+    CheckpointLoader), through the safe weights-only loader.
+
+    Every failure is one error naming the file and the cause: :class:`CheckpointError`
+    ('missing' as :class:`CheckpointNotFoundError`, 'damaged', 'not a checkpoint',
+    'unreachable') or :class:`~mmvitswin.checkpoint.safe_load.UntrustedCheckpointError`
+    (pickled objects outside the allow-list; nothing of them is executed).
+    """
+    if isinstance(checkpoint, os.PathLike):
+        checkpoint = os.fspath(checkpoint)
     if not isinstance(checkpoint, str):
         raise TypeError(f'checkpoint must be a path or URL string, got {type(checkpoint).__name__}')
-    from mmengine.runner import CheckpointLoader
-    return CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
+    if '://' in checkpoint and not checkpoint.startswith(_URL_PREFIXES):
+        from mmengine.runner import CheckpointLoader
+        return CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
+    from .safe_load import UntrustedCheckpointError, safe_torch_load
+    path = fetch_checkpoint(checkpoint) if checkpoint.startswith(_URL_PREFIXES) else \
+        osp.expanduser(checkpoint)
+    check_checkpoint_file(path, source=checkpoint)
+    try:
+        obj = safe_torch_load(path, map_location=map_location, source=checkpoint)
+    except UntrustedCheckpointError:
+        raise
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError,
+            ValueError, KeyError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(checkpoint, 'damaged', f'torch.load failed: {first}') from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(checkpoint, 'not a checkpoint', f'it holds a '
+                              f'{type(obj).__name__}, not a dict of tensors')
+    return obj
 
 
 def unwrap_state_dict(ckpt, prefix: Optional[str] = None) -> StateDict:
@@ -102,8 +252,26 @@ def load_pretrained(model: nn.Module, checkpoint: str, prefix: Optional[str] = N
     position tables to the model; this function does the rest (see module docstring).
     """
     ckpt = load_checkpoint_file(checkpoint, map_location=map_location)
-    sd = unwrap_state_dict(ckpt, prefix=prefix)
+    source = str(checkpoint)
+    try:
+        sd = unwrap_state_dict(ckpt, prefix=prefix)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(source, 'not a checkpoint', str(exc)) from None
+    if not sd:
+        raise CheckpointError(source, 'not a checkpoint', 'it holds no tensors')
+    name = type(model).__name__
     convert = getattr(model, 'convert_checkpoint', None)
     if convert is not None:
-        sd = convert(sd)
-    return load_state_dict_reported(model, sd, source=str(checkpoint))
+        try:
+            sd = convert(sd)
+        except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as exc:
+            raise CheckpointError(source, 'other model', f'its weights do not belong to this '
+                                  f'{name}: {exc}') from None
+    own = model.state_dict()
+    if not any(k in own for k in sd):
+        raise CheckpointError(source, 'other model', f'none of its {len(sd)} tensors (e.g. '
+                              f'{sorted(sd)[:3]}) is a parameter of this {name}')
+    try:
+        return load_state_dict_reported(model, sd, source=source)
+    except ValueError as exc:  # shapes refused before anything was copied
+        raise CheckpointError(source, 'other model', str(exc)) from None

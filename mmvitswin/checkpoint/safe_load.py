@@ -11,6 +11,14 @@ code), :func:`install_safe_loading` allow-lists exactly those types and replaces
 local and HTTP(S) checkpoint loaders with ones that explain a refusal. A file that needs
 anything else is refused with :class:`UntrustedCheckpointError`; to load a file you trust
 anyway, set ``MMVITSWIN_TRUST_CHECKPOINTS=1`` for that run.
+
+On torch < 2.6 (see :mod:`mmvitswin.compat`) the allow-list cannot be expressed
+(``add_safe_globals`` is missing, or rejects the ``(object, "module.name")`` entries it needs) and
+``torch.load`` does not default to weights-only. There checkpoints load as MMEngine itself loads
+them on that torch: ``torch.load(..., weights_only=False)``, i.e. full pickle. That is **not**
+safe against a malicious file (unpickling can run code embedded in it): load only checkpoints
+you trust, as with plain MMDetection/MMSegmentation on that torch. ``WEIGHTS_ONLY_LOADING``
+tells which behaviour is in force; nothing is refused when it is False.
 """
 import os
 import os.path as osp
@@ -20,7 +28,11 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .. import compat
+
 TRUST_ENV = 'MMVITSWIN_TRUST_CHECKPOINTS'
+# True: the allow-listed weights-only unpickler (torch >= 2.6). False: full pickle, as MMEngine.
+WEIGHTS_ONLY_LOADING = compat.HAS_SAFE_GLOBAL_ALIASES
 
 # numpy moved its pickling helpers from numpy.core to numpy._core in 2.0; a checkpoint written
 # under either version names the module it was saved with, so both names are allowed.
@@ -98,7 +110,7 @@ def _refusal(source: str, exc: Exception, file: Optional[str]) -> UntrustedCheck
     if file is not None:
         try:
             allowed = _allowed_names()
-            found = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(file)
+            found = [g for g in (compat.unsafe_globals_in_checkpoint(file) or ())
                      if g not in allowed]
         except Exception:  # not a zip checkpoint: fall back to torch's own message below
             found = ()
@@ -121,14 +133,16 @@ def safe_torch_load(file, map_location=None, source: Optional[str] = None):
     """``torch.load`` with the weights-only unpickler plus the runner-checkpoint allow-list.
 
     Raises :class:`UntrustedCheckpointError` (naming the offending types and how to override)
-    for anything else, unless ``MMVITSWIN_TRUST_CHECKPOINTS=1`` is set.
+    for anything else, unless ``MMVITSWIN_TRUST_CHECKPOINTS=1`` is set. On torch < 2.6
+    (``WEIGHTS_ONLY_LOADING`` False) this is plain ``torch.load(weights_only=False)``, as in
+    MMEngine: see the module docstring.
     """
     source = source or (file if isinstance(file, str) else 'from a file object')
-    if _trusted():
+    if _trusted() or not WEIGHTS_ONLY_LOADING:
         return torch.load(file, map_location=map_location, weights_only=False)
     # add_safe_globals, not the safe_globals context manager: leaving that context removes its
     # entries from the process-wide allow-list that install_safe_loading() set up.
-    torch.serialization.add_safe_globals(checkpoint_safe_globals())
+    compat.add_safe_globals(checkpoint_safe_globals())
     try:
         return torch.load(file, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -140,15 +154,15 @@ def check_trusted(file: str) -> None:
 
     Reads only the pickle stream (not the tensor data), so tools can reject a ``--resume`` /
     ``load_from`` file before building anything. Files that are not zip checkpoints are left to
-    :func:`safe_torch_load`.
+    :func:`safe_torch_load`. A no-op on torch < 2.6, where nothing is refused.
     """
-    if _trusted():
+    if _trusted() or not WEIGHTS_ONLY_LOADING:
         return
     try:
-        found = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+        found = compat.unsafe_globals_in_checkpoint(file)
     except Exception:
         return
-    if set(found) - _allowed_names():
+    if found is not None and set(found) - _allowed_names():
         raise _refusal(file, pickle.UnpicklingError('disallowed globals'), file)
 
 
@@ -157,6 +171,8 @@ def load_from_local(filename: str, map_location=None):
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
+    from .loading import check_checkpoint_file  # empty/truncated/foreign: say so, not "untrusted"
+    check_checkpoint_file(filename)
     return safe_torch_load(filename, map_location=map_location)
 
 
@@ -167,7 +183,11 @@ def _download(url: str, model_dir: Optional[str]) -> str:
     os.makedirs(model_dir, exist_ok=True)
     path = osp.join(model_dir, osp.basename(urlparse(url).path))
     if not osp.exists(path):
-        torch.hub.download_url_to_file(url, path, progress=False)
+        try:
+            torch.hub.download_url_to_file(url, path, progress=False)
+        except Exception as exc:  # offline: name the URL, the cache path and the way out
+            from .loading import download_error
+            raise download_error(url, exc, path) from None
     return path
 
 
@@ -191,13 +211,15 @@ def install_safe_loading() -> None:
     """Allow-list runner-checkpoint types for ``torch.load`` and route MMEngine through us.
 
     Idempotent. Called when :mod:`mmvitswin` is imported, so configs with
-    ``custom_imports=['mmvitswin']`` and our tools get working ``--resume``/``load_from``.
+    ``custom_imports=['mmvitswin']`` and our tools get working ``--resume``/``load_from``. On
+    torch < 2.6 the loaders installed behave as MMEngine's own (full pickle).
     """
     global _installed
     if _installed:
         return
-    # Global allow-list: covers torch.load calls that do not go through CheckpointLoader.
-    torch.serialization.add_safe_globals(checkpoint_safe_globals())
+    # Global allow-list: covers torch.load calls that do not go through CheckpointLoader
+    # (a no-op on torch < 2.6, which does not default to weights-only).
+    compat.add_safe_globals(checkpoint_safe_globals())
     from mmengine.runner import CheckpointLoader
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
     CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=load_from_http,

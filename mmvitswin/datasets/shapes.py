@@ -32,6 +32,8 @@ from mmseg.datasets import BaseSegDataset
 from pycocotools import mask as mask_utils
 
 from ..registry import DATASETS
+from ..validate import (check_bool, check_int, check_int_sequence, check_non_negative_int,
+                        check_optional_dict, check_positive_int)
 
 SHAPE_CLASSES: Tuple[str, ...] = ('square', 'disc', 'triangle', 'star')
 SEG_CLASSES: Tuple[str, ...] = ('background', ) + SHAPE_CLASSES
@@ -200,16 +202,11 @@ def semantic_label(instances: Sequence[dict], hw: Tuple[int, int]) -> np.ndarray
 
 def _check_args(num_train, num_val, image_size, seed, max_objects) -> Tuple[int, int]:
     for name, value in (('num_train', num_train), ('num_val', num_val)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f'{name} must be a non-negative int, got {value!r}')
-    if (not isinstance(image_size, (tuple, list)) or len(image_size) != 2
-            or not all(isinstance(s, int) and s >= 32 for s in image_size)):
-        raise ValueError(f'image_size must be (H, W) with ints >= 32, got {image_size!r}')
-    if not isinstance(seed, int):
-        raise TypeError(f'seed must be an int, got {type(seed).__name__}')
-    if not isinstance(max_objects, int) or max_objects < 1:
-        raise ValueError(f'max_objects must be a positive int, got {max_objects!r}')
-    return int(image_size[0]), int(image_size[1])
+        check_non_negative_int(name, value)
+    hw = check_int_sequence('image_size', image_size, length=2, low=32)
+    check_int('seed', seed, low=0)
+    check_positive_int('max_objects', max_objects)
+    return hw[0], hw[1]
 
 
 def make_shapes(out_dir: str, num_train: int = 1000, num_val: int = 100,
@@ -277,6 +274,11 @@ class ShapesSegDataset(BaseSegDataset):
 
     def __init__(self, img_suffix: str = '.jpg', seg_map_suffix: str = '.png',
                  reduce_zero_label: bool = False, metainfo: Optional[dict] = None, **kwargs):
+        for name, value in (('img_suffix', img_suffix), ('seg_map_suffix', seg_map_suffix)):
+            if not isinstance(value, str):
+                raise TypeError(f'{name} must be a str (file name ending), got {value!r}')
+        check_bool('reduce_zero_label', reduce_zero_label)
+        check_optional_dict('metainfo', metainfo)
         if reduce_zero_label:
             metainfo = dict(metainfo or {})
             classes = tuple(metainfo.setdefault('classes', SHAPE_CLASSES))

@@ -10,6 +10,8 @@ Fixes for this stack that they apply:
 - ``SyncBN`` (mmseg's UPerNet heads) needs a distributed run on CUDA; anywhere else it becomes
   ``BN`` in the config, before the model is built.
 - ``persistent_workers=True`` with ``num_workers=0`` makes PyTorch's DataLoader raise.
+- ``--amp`` on a CPU-only machine: MMEngine's ``AmpOptimWrapper`` refuses CPU, so it trains in
+  bf16 through our ``CPUAmpOptimWrapper`` (:mod:`mmvitswin.engine.amp`).
 
 Every user error is a :class:`ToolError`: the tools print it and exit with status 2.
 """
@@ -63,11 +65,14 @@ def _fix_workers(cfg: Config) -> None:
 def prepare_config(cfg: Config, config_path: str, launcher: str = 'none',
                    work_dir: Optional[str] = None, resume: Optional[str] = None,
                    load_from: Optional[str] = None, amp: bool = False,
-                   cuda: Optional[bool] = None) -> List[str]:
+                   cuda: Optional[bool] = None, amp_dtype: Optional[str] = None) -> List[str]:
     """Apply the command-line choices and the stack fixes (module docstring) to ``cfg``.
 
     ``resume``: None (config decides), ``'auto'`` (latest checkpoint in the work dir) or a
     checkpoint path. ``load_from``: weights to start from (tools/test.py's checkpoint).
+    ``amp``: mixed precision, ``amp_dtype`` 'bf16' | 'fp16' | None (bf16 on CPU through our
+    ``CPUAmpOptimWrapper``, fp16 on CUDA through MMEngine's ``AmpOptimWrapper``; see
+    :mod:`mmvitswin.engine.amp`).
     Returns human-readable notes about what was changed, for the log.
     """
     if launcher not in LAUNCHERS:
@@ -93,18 +98,11 @@ def prepare_config(cfg: Config, config_path: str, launcher: str = 'none',
         cfg.load_from = load_from
 
     if amp:
-        if not cuda:
-            raise ToolError('--amp needs a CUDA device (MMEngine\'s AmpOptimWrapper does not '
-                            'run on CPU); run without --amp here.')
-        wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        if wrapper == 'AmpOptimWrapper':
-            notes.append('--amp: the config already uses AmpOptimWrapper')
-        elif wrapper == 'OptimWrapper':
-            cfg.optim_wrapper.type = 'AmpOptimWrapper'
-            cfg.optim_wrapper.loss_scale = 'dynamic'
-        else:
-            raise ToolError(f'--amp works with optim_wrapper type OptimWrapper, the config has '
-                            f'{wrapper}')
+        from .amp import apply_amp
+        try:
+            notes.append(apply_amp(cfg.optim_wrapper, cuda, amp_dtype))
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
 
     distributed = launcher != 'none'
     if not (distributed and cuda) and 'model' in cfg:

@@ -30,6 +30,7 @@ from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
 
 from ..registry import OPTIM_WRAPPER_CONSTRUCTORS
+from ..validate import check_positive_int, check_positive_number
 
 NO_DECAY_NAMES = ('pos_embed', 'cls_token', 'absolute_pos_embed', 'relative_position_bias_table',
                   'rel_pos_h', 'rel_pos_w')
@@ -113,15 +114,18 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         if unknown:
             raise ValueError(f'paramwise_cfg has unsupported keys {sorted(unknown)}; expected '
                              f'{sorted(_PARAMWISE_KEYS)}')
-        rate = cfg.get('layer_decay_rate')
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
-            raise ValueError(f'paramwise_cfg.layer_decay_rate must be a number in (0, 1], got '
-                             f'{rate!r}')
+        if 'layer_decay_rate' not in cfg:
+            raise ValueError('paramwise_cfg.layer_decay_rate must be set: a number in (0, 1]')
+        rate = check_positive_number('paramwise_cfg.layer_decay_rate', cfg['layer_decay_rate'],
+                                     high=1)
         num_layers = cfg.get('num_layers')
-        if num_layers is not None and (isinstance(num_layers, bool)
-                                       or not isinstance(num_layers, int) or num_layers < 1):
-            raise ValueError(f'paramwise_cfg.num_layers must be a positive int, got '
-                             f'{num_layers!r}')
+        if num_layers is not None:
+            check_positive_int('paramwise_cfg.num_layers', num_layers)
+        extra_names = cfg.get('no_weight_decay_names', ())
+        if isinstance(extra_names, str) or not isinstance(extra_names, (list, tuple)) or \
+                not all(isinstance(n, str) for n in extra_names):
+            raise TypeError(f'paramwise_cfg.no_weight_decay_names must be a list of parameter '
+                            f'names (str), got {extra_names!r}')
         if self.base_lr is None:
             raise ValueError('optimizer.lr must be set for layer-wise lr decay')
         self.layer_decay_rate = float(rate)

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import DropPath, to_tuple
-from ..utils import check_image_input
+from ..layers import DropPath, ceil_div, is_tracing, to_tuple
+from ..utils import (check_bool, check_image_input, check_int_sequence, check_positive_int,
+                     check_positive_number, check_probability)
 from .vit import VisionTransformerTrunk
 
 IntPair = Union[int, Tuple[int, int]]
@@ -61,8 +62,9 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> Tupl
     goes *after* (bottom/right). That asymmetry is what the ported Google hybrid weights were
     trained with; a symmetric PyTorch padding would move the sampling grid off theirs.
     """
-    out = -(-size // stride)
-    total = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    out = ceil_div(size, stride)
+    # torch.sym_max: no branch on the size while tracing (it is plain max() on ints)
+    total = torch.sym_max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
     return total // 2, total - total // 2
 
 
@@ -71,7 +73,7 @@ def pad_same(x: torch.Tensor, kernel: Tuple[int, int], stride: Tuple[int, int],
     """Pad ``x: (B, C, H, W)`` for a TF 'SAME' window op (see :func:`same_padding`)."""
     top, bottom = same_padding(x.shape[-2], kernel[0], stride[0], dilation[0])
     left, right = same_padding(x.shape[-1], kernel[1], stride[1], dilation[1])
-    if top or bottom or left or right:
+    if is_tracing() or top or bottom or left or right:
         x = F.pad(x, (left, right, top, bottom), value=value)
     return x
 
@@ -370,15 +372,21 @@ class HybridViT(VisionTransformerTrunk):
                  frozen_stages: int = -1,
                  pretrained: Optional[str] = None,
                  init_cfg=None):
-        if len(tuple(cnn_depths)) != 3 or len(tuple(cnn_channels)) != 3:
+        cnn_depths = check_int_sequence('cnn_depths', cnn_depths)
+        cnn_channels = check_int_sequence('cnn_channels', cnn_channels)
+        if len(cnn_depths) != 3 or len(cnn_channels) != 3:
             raise ValueError(f'cnn_depths and cnn_channels need 3 stages (strides 4, 8, 16), got '
                              f'{tuple(cnn_depths)} and {tuple(cnn_channels)}')
-        if not isinstance(in_channels, int) or isinstance(in_channels, bool) or in_channels < 1:
-            raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
+        check_positive_int('in_channels', in_channels)
+        if check_positive_int('stem_channels', stem_channels) % 32:
+            raise ValueError(f'stem_channels must be a multiple of 32 (GroupNorm(32) follows the '
+                             f'stem conv), got {stem_channels!r}')
+        check_positive_number('ws_eps', ws_eps)
+        check_probability('cnn_drop_path_rate', cnn_drop_path_rate)
+        check_bool('out_norm', out_norm)
         preset = VisionTransformerTrunk._resolve_arch(arch)
         dims = preset['embed_dims'] if embed_dims is None else embed_dims
-        if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
-            raise ValueError(f'embed_dims must be a positive int, got {dims!r}')
+        check_positive_int('embed_dims', dims)
         cnn = ResNetV2FrontEnd(in_channels, stem_channels, cnn_depths, cnn_channels,
                                drop_path_rate=cnn_drop_path_rate, eps=ws_eps, with_cp=with_cp)
         super().__init__(
@@ -465,7 +473,7 @@ class HybridViT(VisionTransformerTrunk):
         image to 32 would add tokens of an empty border to the global attention and change
         the features of the image itself).
         """
-        check_image_input(x, self.in_channels)
+        check_image_input(x, self.in_channels, model=self)
         feats, seq, grid = self.forward_vit_input(x)
         seq = self.forward_blocks(seq, grid)
         if self.norm is not None:

@@ -14,7 +14,9 @@ import torch.utils.checkpoint as cp
 from ...registry import MODELS
 from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA,
                       drop_path_schedule, resize_pos_embed, to_tuple)
-from ..utils import build_act, build_layer_norm, check_image_input
+from ..utils import (build_act, build_layer_norm, check_bool, check_image_input, check_int,
+                     check_int_sequence, check_optional_dict, check_positive_int,
+                     check_positive_number, check_probability)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -92,9 +94,14 @@ class SwinStage(nn.Module):
 def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size, strides,
                          out_indices, frozen_stages) -> None:
     """Raise a ValueError/TypeError naming the bad argument (called by the constructor)."""
+    check_positive_int('embed_dims', embed_dims)
+    check_positive_int('patch_size', patch_size)
+    depths = check_int_sequence('depths', depths, low=0)
+    num_heads = check_int_sequence('num_heads', num_heads, low=1)
     if len(depths) != len(num_heads):
         raise ValueError(f'depths ({len(depths)} stages: {tuple(depths)}) and num_heads '
                          f'({len(num_heads)} stages: {tuple(num_heads)}) must have the same length')
+    strides = check_int_sequence('strides', strides, low=1)
     if len(strides) != len(depths):
         raise ValueError(f'strides must have one entry per stage ({len(depths)}), got {strides}')
     if strides[0] != patch_size:
@@ -104,17 +111,16 @@ def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size,
         raise ValueError(f'strides[1:] must all be 2 (patch merging), got {tuple(strides[1:])}')
     for i, heads in enumerate(num_heads):
         dims = embed_dims * 2**i
-        if heads < 1 or dims % heads != 0:
+        if dims % heads != 0:
             raise ValueError(f'embed_dims of stage {i} ({dims} = embed_dims * 2**{i}) must be '
                              f'divisible by num_heads[{i}] ({heads})')
-    if any(d < 0 for d in depths):
-        raise ValueError(f'depths must be non-negative, got {tuple(depths)}')
+    if not out_indices:
+        raise ValueError('out_indices must name at least one stage, got ()')
     for i in out_indices:
-        if not isinstance(i, int) or not 0 <= i < len(depths):
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(depths):
             raise ValueError(f'out_indices must be stage indices in [0, {len(depths) - 1}], '
                              f'got {tuple(out_indices)}')
-    if not -1 <= frozen_stages <= len(depths):
-        raise ValueError(f'frozen_stages must be in [-1, {len(depths)}], got {frozen_stages}')
+    check_int('frozen_stages', frozen_stages, -1, len(depths))
 
 
 @MODELS.register_module()
@@ -162,16 +168,29 @@ class SwinTransformer(TransformerBackbone):
 
         preset = self._resolve_arch(arch)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
-        depths = tuple(preset['depths'] if depths is None else depths)
-        num_heads = tuple(preset['num_heads'] if num_heads is None else num_heads)
-        if isinstance(out_indices, int):
+        depths = check_int_sequence('depths', preset['depths'] if depths is None else depths,
+                                    low=0)
+        num_heads = check_int_sequence(
+            'num_heads', preset['num_heads'] if num_heads is None else num_heads)
+        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
             out_indices = (out_indices, )
-        out_indices = tuple(out_indices)
+        out_indices = check_int_sequence('out_indices', out_indices, low=-len(depths))
+        check_int_sequence('strides', strides)
         window = to_tuple(window_size, 2, 'window_size')
-        if not isinstance(in_channels, int) or in_channels < 1:
-            raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
-        if not isinstance(patch_size, int) or patch_size < 1:
-            raise ValueError(f'patch_size must be a positive int, got {patch_size!r}')
+        check_positive_int('in_channels', in_channels)
+        check_positive_number('mlp_ratio', mlp_ratio)
+        if qk_scale is not None:
+            check_positive_number('qk_scale', qk_scale)
+        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
+                           ('drop_path_rate', drop_path_rate)):
+            check_probability(name, rate)
+        for name, flag in (('qkv_bias', qkv_bias), ('patch_norm', patch_norm),
+                           ('use_abs_pos_embed', use_abs_pos_embed), ('with_cp', with_cp),
+                           ('convert_weights', convert_weights)):
+            check_bool(name, flag)
+        check_optional_dict('act_cfg', act_cfg)
+        check_optional_dict('norm_cfg', norm_cfg)
+        check_optional_dict('init_cfg', init_cfg, allow_list=True)
         validate_swin_config(embed_dims, depths, num_heads, patch_size, window, tuple(strides),
                              out_indices, frozen_stages)
 
@@ -257,7 +276,7 @@ class SwinTransformer(TransformerBackbone):
     # ---------------------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of (B, C_i, H_i, W_i)."""
-        check_image_input(x, self.in_channels)
+        check_image_input(x, self.in_channels, model=self)
         x, grid = self.patch_embed(x)  # (B, Hp, Wp, C)
         if self.use_abs_pos_embed:
             pos = resize_pos_embed(self.absolute_pos_embed, self.pretrain_grid, grid)

@@ -19,7 +19,9 @@ from ...registry import MODELS
 from ..layers import (DropPath, PatchEmbed, PatchMerging, WindowAttention, drop_path_schedule,
                       shifted_window_attention, to_tuple)
 from .base import TransformerBackbone
-from ..utils import build_act, build_layer_norm, check_image_input
+from ..utils import (build_act, build_layer_norm, check_bool, check_image_input, check_int,
+                     check_int_sequence, check_optional_dict, check_positive_int,
+                     check_positive_number, check_probability)
 from .swin import SwinBlock, SwinStage, SwinTransformer
 
 
@@ -82,10 +84,10 @@ def validate_swin3d_config(embed_dims: int, depths: Sequence[int], num_heads: Se
                            out_indices: Sequence[int], frozen_stages: int,
                            in_channels: int) -> None:
     """Raise a ValueError/TypeError naming the bad argument (called by the constructor)."""
-    if not isinstance(in_channels, int) or isinstance(in_channels, bool) or in_channels < 1:
-        raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
-    if not isinstance(embed_dims, int) or embed_dims < 1:
-        raise ValueError(f'embed_dims must be a positive int, got {embed_dims!r}')
+    check_positive_int('in_channels', in_channels)
+    check_positive_int('embed_dims', embed_dims)
+    depths = check_int_sequence('depths', depths, low=0)
+    num_heads = check_int_sequence('num_heads', num_heads, low=1)
     if len(depths) != len(num_heads) or not depths:
         raise ValueError(f'depths ({tuple(depths)}) and num_heads ({tuple(num_heads)}) must be '
                          'non-empty and have one entry per stage')
@@ -99,11 +101,10 @@ def validate_swin3d_config(embed_dims: int, depths: Sequence[int], num_heads: Se
     if not out_indices:
         raise ValueError('out_indices must name at least one stage')
     for i in out_indices:
-        if not isinstance(i, int) or not 0 <= i < len(depths):
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(depths):
             raise ValueError(f'out_indices must be stage indices in [0, {len(depths) - 1}], '
                              f'got {tuple(out_indices)}')
-    if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= len(depths):
-        raise ValueError(f'frozen_stages must be in [-1, {len(depths)}], got {frozen_stages!r}')
+    check_int('frozen_stages', frozen_stages, -1, len(depths))
 
 
 @MODELS.register_module()
@@ -162,11 +163,25 @@ class SwinTransformer3D(TransformerBackbone):
         embed_dims = preset['embed_dims']
         depths = tuple(preset['depths'])
         num_heads = tuple(preset['num_heads'])
-        if isinstance(out_indices, int):
+        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
             out_indices = (out_indices, )
-        out_indices = tuple(out_indices)
+        out_indices = check_int_sequence('out_indices', out_indices, low=-len(depths),
+                                         allow_empty=True)
         validate_swin3d_config(embed_dims, depths, num_heads, out_indices, frozen_stages,
                                in_channels)
+        check_positive_number('mlp_ratio', mlp_ratio)
+        if qk_scale is not None:
+            check_positive_number('qk_scale', qk_scale)
+        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
+                           ('drop_path_rate', drop_path_rate)):
+            check_probability(name, rate)
+        for name, flag in (('pretrained2d', pretrained2d), ('qkv_bias', qkv_bias),
+                           ('patch_norm', patch_norm), ('with_cp', with_cp),
+                           ('out_after_downsample', out_after_downsample)):
+            check_bool(name, flag)
+        check_optional_dict('act_cfg', act_cfg)
+        check_optional_dict('norm_cfg', norm_cfg)
+        check_optional_dict('init_cfg', init_cfg, allow_list=True)
         patch = to_tuple(patch_size, 3, 'patch_size')
         window = to_tuple(window_size, 3, 'window_size')
 
@@ -230,7 +245,7 @@ class SwinTransformer3D(TransformerBackbone):
     def forward(self, x: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
         """x: (B, in_channels, T, H, W), any T, H, W >= 1 -> (B, C_i, T_i, H_i, W_i) per
         ``out_indices``: a tensor for one stage, else a tuple."""
-        check_image_input(x, self.in_channels, ndim=5)
+        check_image_input(x, self.in_channels, ndim=5, model=self)
         x, _ = self.patch_embed(x)  # (B, T', H', W', C)
         x = self.pos_drop(x)
         outs = []

@@ -24,11 +24,13 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import (FFN, Attention, ConvStem, DropPath, PatchEmbed, pad_to_multiple,
-                      resize_pos_embed, resize_rel_pos_1d, to_tuple, window_partition,
-                      window_reverse)
+from ..layers import (FFN, Attention, ConvStem, DropPath, PatchEmbed, ceil_div, pad_amount,
+                      pad_to_multiple, resize_pos_embed, resize_rel_pos_1d, to_tuple,
+                      window_partition, window_reverse)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
-from ..utils import build_act, build_layer_norm, check_image_input
+from ..utils import (build_act, build_layer_norm, check_bool, check_choice,
+                     check_image_input, check_int, check_int_sequence, check_optional_dict,
+                     check_positive_int, check_positive_number, check_probability)
 
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=192, num_layers=12, num_heads=3, feedforward_channels=768,
@@ -199,8 +201,9 @@ class SimpleFeaturePyramid(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int = 256, in_stride: int = 16):
         super().__init__()
-        if in_stride not in (4, 8, 16, 32):
-            raise ValueError(f'in_stride (the patch size) must be 4, 8, 16 or 32, got {in_stride}')
+        check_positive_int('in_channels', in_channels)
+        check_positive_int('out_channels', out_channels)
+        check_choice('in_stride', in_stride, (4, 8, 16, 32))
         self.rescale = nn.ModuleList()
         dims = []
         for stride in (4, 8, 16, 32):
@@ -302,32 +305,44 @@ class VisionTransformerTrunk(TransformerBackbone):
         num_layers = preset['num_layers'] if num_layers is None else num_layers
         num_heads = preset['num_heads'] if num_heads is None else num_heads
         patch_size = preset.get('patch_size', 16) if patch_size is None else patch_size
-        ffn_dims = (preset['feedforward_channels'] * embed_dims // preset['embed_dims']
-                    if mlp_ratio is None else int(mlp_ratio * embed_dims))
         for name, value in (('embed_dims', embed_dims), ('num_layers', num_layers),
                             ('num_heads', num_heads), ('patch_size', patch_size),
                             ('in_channels', in_channels)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f'{name} must be a positive int, got {value!r}')
+            check_positive_int(name, value)
+        if mlp_ratio is not None:
+            check_positive_number('mlp_ratio', mlp_ratio)
+        ffn_dims = (preset['feedforward_channels'] * embed_dims // preset['embed_dims']
+                    if mlp_ratio is None else int(mlp_ratio * embed_dims))
+        if ffn_dims < 1:
+            raise ValueError(f'mlp_ratio * embed_dims must give a hidden width >= 1, got '
+                             f'mlp_ratio={mlp_ratio!r}, embed_dims={embed_dims}')
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
                              f'({num_heads})')
         for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
                            ('drop_path_rate', drop_path_rate)):
-            if not 0. <= rate < 1.:
-                raise ValueError(f'{name} must be in [0, 1), got {rate!r}')
+            check_probability(name, rate)
+        for name, flag in (('qkv_bias', qkv_bias), ('with_cls_token', with_cls_token),
+                           ('patch_norm', patch_norm), ('patch_bias', patch_bias),
+                           ('pre_norm', pre_norm), ('final_norm', final_norm),
+                           ('use_rel_pos', use_rel_pos), ('with_cp', with_cp)):
+            check_bool(name, flag)
+        check_choice('interpolate_mode', interpolate_mode, ('bicubic', 'bilinear'))
+        check_optional_dict('norm_cfg', norm_cfg)
+        check_optional_dict('act_cfg', act_cfg)
+        check_optional_dict('init_cfg', init_cfg, allow_list=True)
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
             raise ValueError(f'window_size must be an int >= 0 (0: global attention), got '
                              f'{window_size!r}')
-        if not -1 <= frozen_stages <= num_layers:
-            raise ValueError(f'frozen_stages must be in [-1, {num_layers}], got {frozen_stages}')
+        check_int('frozen_stages', frozen_stages, -1, num_layers)
         self.img_size = to_tuple(img_size, 2, 'img_size')
         self.pretrain_grid = tuple(s // patch_size for s in self.img_size)
         if min(self.pretrain_grid) < 1:
             raise ValueError(f'img_size {self.img_size} is smaller than patch_size {patch_size}')
         if global_attn_indexes is None:
             global_attn_indexes = default_global_indexes(num_layers) if window_size else ()
-        global_attn_indexes = tuple(global_attn_indexes)
+        global_attn_indexes = check_int_sequence('global_attn_indexes', global_attn_indexes,
+                                                 low=0, allow_empty=True)
         if any(not 0 <= i < num_layers for i in global_attn_indexes):
             raise ValueError(f'global_attn_indexes must be block indices in [0, {num_layers - 1}]'
                              f', got {global_attn_indexes}')
@@ -504,7 +519,7 @@ class VisionTransformerTrunk(TransformerBackbone):
         return tuple(outs)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        check_image_input(x, self.in_channels)
+        check_image_input(x, self.in_channels, model=self)
         return self.forward_trunk(x)
 
 
@@ -524,10 +539,8 @@ class ViTAdapter(VisionTransformerTrunk):
 
     def __init__(self, arch='base', adapter: Optional[str] = None,
                  adapter_cfg: Optional[dict] = None, out_indices=None, **kwargs):
-        if adapter not in ADAPTERS:
-            raise ValueError(f"adapter must be None, 'simple' or 'interaction', got {adapter!r}")
-        if adapter_cfg is not None and not isinstance(adapter_cfg, dict):
-            raise TypeError(f'adapter_cfg must be a dict or None, got {type(adapter_cfg).__name__}')
+        check_choice('adapter', adapter, ADAPTERS)
+        check_optional_dict('adapter_cfg', adapter_cfg)
         adapter_cfg = dict(adapter_cfg or {})
         if adapter is None:
             super().__init__(arch, out_indices=-1 if out_indices is None else out_indices,
@@ -563,12 +576,12 @@ class ViTAdapter(VisionTransformerTrunk):
     def _build_interaction(self, cfg: dict) -> nn.Module:
         """ViT-Adapter's ``InteractionAdapter``; ``interaction_indexes`` defaults to four equal
         groups of blocks and ``num_heads`` (deformable heads) to 6 below ViT-L, 16 from it."""
-        from .vit_adapter_modules import InteractionAdapter
+        from .vit_adapter_modules import InteractionAdapter, _check_interaction_indexes
         if self.window_size and not self.global_attn_indexes:
             raise ValueError('adapter="interaction" with windowed blocks needs global blocks')
         step = self.num_layers // 4
         default = [(i * step, (i + 1) * step if i < 3 else self.num_layers) for i in range(4)]
-        indexes = [tuple(r) for r in cfg.pop('interaction_indexes', default)]
+        indexes = _check_interaction_indexes(cfg.pop('interaction_indexes', default))
         if not indexes or indexes[-1][-1] != self.num_layers:
             raise ValueError(f'interaction_indexes must end at num_layers ({self.num_layers}), '
                              f'got {indexes}')
@@ -578,12 +591,12 @@ class ViTAdapter(VisionTransformerTrunk):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, C_in, H, W) -> tuple of NCHW maps (see the module docstring for sizes)."""
-        check_image_input(x, self.in_channels)
+        check_image_input(x, self.in_channels, model=self)
         if self.adapter_type is None:
             return self.forward_trunk(x)
         h, w = x.shape[-2:]
         multiple = max(32, 2 * self.patch_size)  # the coarsest level is stride 32
-        x = F.pad(x, (0, (-w) % multiple, 0, (-h) % multiple))
+        x = F.pad(x, (0, pad_amount(w, multiple), 0, pad_amount(h, multiple)))
         if self.adapter_type == 'simple':
             seq, grid = self.prepare_tokens(x)
             seq = self.forward_blocks(seq, grid)
@@ -597,7 +610,7 @@ class ViTAdapter(VisionTransformerTrunk):
             stride = 4 * 2**i
             # contiguous NCHW: LayerNorm2d leaves channels-last strides and the crop a view,
             # and mmcv's RoIAlign (CPU) reads its input as dense NCHW memory
-            outs.append(crop_to(levels[i], (-(-h // stride), -(-w // stride))).contiguous())
+            outs.append(crop_to(levels[i], (ceil_div(h, stride), ceil_div(w, stride))).contiguous())
         return tuple(outs)
 
     def _forward_interaction(self, x: torch.Tensor) -> List[torch.Tensor]:

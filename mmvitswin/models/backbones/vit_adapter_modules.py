@@ -51,8 +51,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.ops import MultiScaleDeformableAttention
 
-from ..layers import DropPath
+from ..layers import DropPath, is_tracing
 from ..utils import check_image_input
+from ...validate import (check_bool, check_number, check_optional_dict, check_positive_int,
+                         check_positive_number, check_probability)
 
 HW = Tuple[int, int]
 RunBlocks = Callable[[torch.Tensor, int, int, HW], torch.Tensor]
@@ -86,21 +88,53 @@ def reference_points(shapes: Sequence[HW], device=None) -> torch.Tensor:
 
 
 class DeformInputs(NamedTuple):
-    """What ``MultiScaleDeformableAttention`` needs to know about its query and value layout."""
+    """What deformable attention needs to know about its query and value layout."""
     reference_points: torch.Tensor  # (1, num_query, 1, 2), normalised (x, y)
-    spatial_shapes: torch.Tensor  # (num_levels, 2) long, (h, w) of each value level
-    level_start_index: torch.Tensor  # (num_levels, ) long, offset of each level in the value
+    value_shapes: Tuple[HW, ...]  # (h, w) of each value level, in the value's order
+    spatial_shapes: Optional[torch.Tensor]  # the same as (num_levels, 2) long (mmcv's kernel)
+    level_start_index: Optional[torch.Tensor]  # (num_levels, ) long offsets (mmcv's kernel)
 
 
 def deform_inputs(query_shapes: Sequence[HW], value_shapes: Sequence[HW],
                   device=None) -> DeformInputs:
     """Deformable-attention inputs for queries on the levels ``query_shapes`` attending to a
-    value made of the flattened levels ``value_shapes``."""
-    spatial_shapes = torch.as_tensor([tuple(s) for s in value_shapes], dtype=torch.long,
-                                     device=device)
-    sizes = spatial_shapes.prod(1)
-    level_start_index = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
-    return DeformInputs(reference_points(query_shapes, device), spatial_shapes, level_start_index)
+    value made of the flattened levels ``value_shapes``. The tensor copies of the shapes that
+    mmcv's CUDA kernel takes are only built outside tracing (they would freeze the sizes)."""
+    value_shapes = tuple((h, w) for h, w in value_shapes)
+    spatial_shapes = level_start_index = None
+    if not is_tracing():
+        spatial_shapes = torch.as_tensor(value_shapes, dtype=torch.long, device=device)
+        sizes = spatial_shapes.prod(1)
+        level_start_index = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
+    return DeformInputs(reference_points(query_shapes, device), value_shapes, spatial_shapes,
+                        level_start_index)
+
+
+def sample_levels(value: torch.Tensor, value_shapes: Sequence[HW], locations: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
+    """The sampling core of multi-scale deformable attention, in plain PyTorch.
+
+    value: (B, Nv, heads, d) with ``Nv = sum(h * w)`` over ``value_shapes`` (level-major,
+    row-major inside a level); locations: (B, Nq, heads, levels, points, 2) normalised (x, y)
+    in [0, 1] (align_corners=False convention); weights: (B, Nq, heads, levels, points).
+    Every point reads its level bilinearly (zeros outside) and the reads are summed with their
+    weights, level by level (no stacked copy of all samples). Returns (B, Nq, heads * d).
+    """
+    b, _, heads, d = value.shape
+    nq, points = locations.shape[1], locations.shape[4]
+    out = None
+    start = 0
+    for level, (h, w) in enumerate(value_shapes):
+        v = value[:, start:start + h * w].permute(0, 2, 3, 1).reshape(b * heads, d, h, w)
+        start += h * w
+        grid = (2 * locations[:, :, :, level] - 1).transpose(1, 2).reshape(b * heads, nq,
+                                                                          points, 2)
+        sampled = F.grid_sample(v, grid, mode='bilinear', padding_mode='zeros',
+                                align_corners=False)  # (B * heads, d, Nq, points)
+        weight = weights[:, :, :, level].transpose(1, 2).reshape(b * heads, 1, nq, points)
+        term = (sampled * weight).sum(-1)
+        out = term if out is None else out + term
+    return out.view(b, heads * d, nq).transpose(1, 2)
 
 
 def deformable_attention(attn: MultiScaleDeformableAttention, query: torch.Tensor,
@@ -108,16 +142,42 @@ def deformable_attention(attn: MultiScaleDeformableAttention, query: torch.Tenso
                          identity: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``identity + attn(query -> value)``; ``identity=None`` returns the attention branch alone.
 
-    mmcv's module always adds ``identity`` and falls back to the (normalised) query when none is
-    given, which is not the residual the adapter wants; a 0-d zero broadcasts away instead.
-    query: (B, Nq, C), value: (B, Nv, C) with Nv = sum of the value levels' sizes.
+    query: (B, Nq, C), value: (B, Nv, C) with Nv = sum of the value levels' sizes. The module's
+    parameters (``value_proj``, ``sampling_offsets``, ``attention_weights``, ``output_proj``)
+    are used as mmcv's ``MultiScaleDeformableAttention`` uses them, with the sampling core
+    (:func:`sample_levels`) written in plain PyTorch so the adapter traces for compile/export.
+    The sampling core always runs in fp32 (mmcv has no Half kernel, and fp16 offsets lose
+    sub-pixel precision); the projections follow autocast. On CUDA outside tracing, the
+    sampling runs in mmcv's kernel (fp32).
     """
-    if identity is None:
-        identity = query.new_zeros(())
-    return attn(query=query, value=value, identity=identity,
-                reference_points=inputs.reference_points,
-                spatial_shapes=inputs.spatial_shapes,
-                level_start_index=inputs.level_start_index)
+    b, nq, _ = query.shape
+    nv = value.shape[1]
+    heads, levels, points = attn.num_heads, attn.num_levels, attn.num_points
+    if len(inputs.value_shapes) != levels:
+        raise ValueError(f'the value has {len(inputs.value_shapes)} levels, the attention '
+                         f'module expects {levels}')
+    v = attn.value_proj(value).view(b, nv, heads, -1)
+    offsets = attn.sampling_offsets(query).view(b, nq, heads, levels, points, 2)
+    weights = attn.attention_weights(query).view(b, nq, heads, levels * points)
+    weights = weights.float().softmax(-1).view(b, nq, heads, levels, points)
+    device = query.device.type
+    with torch.autocast(device, enabled=False):
+        # offsets are in pixels of each level: normalise by that level's (w, h)
+        ref = inputs.reference_points.float()[:, :, 0, None, None, :]  # (1, Nq, 1, 1, 2)
+        offsets = offsets.float()
+        locations = torch.stack([
+            ref + torch.stack((offsets[:, :, :, i, :, 0] / w, offsets[:, :, :, i, :, 1] / h), -1)
+            for i, (h, w) in enumerate(inputs.value_shapes)
+        ], dim=3)
+        if query.is_cuda and not is_tracing() and inputs.spatial_shapes is not None:
+            from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
+            out = MultiScaleDeformableAttnFunction.apply(
+                v.float(), inputs.spatial_shapes, inputs.level_start_index, locations, weights,
+                attn.im2col_step)
+        else:
+            out = sample_levels(v.float(), inputs.value_shapes, locations, weights)
+    out = attn.dropout(attn.output_proj(out.to(v.dtype)))
+    return out if identity is None else out + identity
 
 
 def tokens_to_maps(x: torch.Tensor, shapes: Sequence[HW]) -> List[torch.Tensor]:
@@ -160,7 +220,8 @@ def _check_interaction_indexes(interaction_indexes) -> List[HW]:
         raise ValueError('interaction_indexes must be a non-empty sequence of (start, end) block '
                          f'ranges, got {interaction_indexes!r}')
     for pair in pairs:
-        if (len(pair) != 2 or not all(isinstance(v, int) for v in pair)
+        if (len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                      for v in pair)
                 or pair[0] != expected_start or pair[1] <= pair[0]):
             raise ValueError(
                 'interaction_indexes must be contiguous half-open (start, end) ranges from 0 '
@@ -350,7 +411,7 @@ class InteractionBlock(nn.Module):
         x = self.injector(x, c, inject_inputs)
         start, end = self.block_range
         out = run_blocks(x, start, end, grid_hw)
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        if not is_tracing() and (not isinstance(out, torch.Tensor) or out.shape != x.shape):
             raise ValueError(f'run_blocks(tokens, {start}, {end}, {grid_hw}) must return a '
                              f'tensor of shape {tuple(x.shape)}, got '
                              f'{tuple(out.shape) if isinstance(out, torch.Tensor) else out!r}')
@@ -396,19 +457,24 @@ class InteractionAdapter(nn.Module):
         for name, value in (('embed_dims', embed_dims), ('num_heads', num_heads),
                             ('in_channels', in_channels), ('conv_inplane', conv_inplane),
                             ('n_points', n_points)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f'{name} must be a positive int, got {value!r}')
+            check_positive_int(name, value)
+        check_positive_number('deform_ratio', deform_ratio)
+        if with_cffn:
+            check_positive_number('cffn_ratio', cffn_ratio)
+        check_probability('drop_path_rate', drop_path_rate)
+        for name, flag in (('with_cffn', with_cffn), ('add_vit_feature', add_vit_feature),
+                           ('use_extra_extractor', use_extra_extractor), ('with_cp', with_cp)):
+            check_bool(name, flag)
+        check_number('init_values', init_values)
+        check_optional_dict('norm_cfg', norm_cfg)
         value_dims = int(embed_dims * deform_ratio)
         if embed_dims % num_heads or value_dims < num_heads or value_dims % num_heads:
             raise ValueError(f'embed_dims ({embed_dims}) and embed_dims * deform_ratio '
                              f'({value_dims}) must be divisible by num_heads ({num_heads})')
         if with_cffn and int(embed_dims * cffn_ratio) < 1:
             raise ValueError(f'cffn_ratio must give a hidden width >= 1, got {cffn_ratio!r}')
-        if not 0. <= drop_path_rate < 1.:
-            raise ValueError(f'drop_path_rate must be in [0, 1), got {drop_path_rate!r}')
-        out_channels = embed_dims if out_channels is None else out_channels
-        if not isinstance(out_channels, int) or out_channels < 1:
-            raise ValueError(f'out_channels must be a positive int or None, got {out_channels!r}')
+        out_channels = check_positive_int(
+            'out_channels', embed_dims if out_channels is None else out_channels)
         self.interaction_indexes = _check_interaction_indexes(interaction_indexes)
         self.embed_dims = embed_dims
         self.in_channels = in_channels
@@ -463,6 +529,8 @@ class InteractionAdapter(nn.Module):
         nn.init.normal_(self.level_embed)
 
     def _check_inputs(self, img, tokens, grid_hw, run_blocks) -> HW:
+        if is_tracing():  # sizes are symbolic: checking them would pin them to the example
+            return tuple(grid_hw)
         check_image_input(img, self.in_channels, name='img')
         b, _, h_img, w_img = img.shape
         if h_img < 32 or w_img < 32 or h_img % 32 or w_img % 32:

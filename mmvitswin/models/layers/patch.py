@@ -6,7 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .switch import is_tracing
-from .window import to_tuple
+from .window import pad_amount, to_tuple
 
 
 class PatchEmbed(nn.Module):
@@ -37,7 +37,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, ...]]:
         spatial = x.shape[2:]
-        pads = [(-s) % p for s, p in zip(spatial, self.patch_size)]
+        pads = [pad_amount(s, p) for s, p in zip(spatial, self.patch_size)]
         if is_tracing() or any(p != 0 for p in pads):
             flat = []
             for p in reversed(pads):
@@ -119,9 +119,10 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         *lead, h, w, c = x.shape
-        if is_tracing() or h % 2 or w % 2:  # no size-dependent branch while tracing
-            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
-            h, w = h + h % 2, w + w % 2
+        pad_h, pad_w = pad_amount(h, 2), pad_amount(w, 2)
+        if is_tracing() or pad_h or pad_w:  # no size-dependent branch while tracing
+            x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+            h, w = h + pad_h, w + pad_w
         x = x.reshape(*lead, h // 2, 2, w // 2, 2, c)
         nl = len(lead)
         hdim, dy, wdim, dx, cdim = nl, nl + 1, nl + 2, nl + 3, nl + 4

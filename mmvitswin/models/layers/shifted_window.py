@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from .attention import WindowAttention
 from .switch import is_tracing
-from .window import effective_window, shift_window_mask, window_gather_index
+from .window import ceil_div, effective_window, shift_window_mask, window_gather_index
 
 
 def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tuple[int, ...],
@@ -37,7 +37,7 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
         n *= w
     gather, valid, scatter = window_gather_index(spatial, window, shift, x.device)
     windows = x.reshape(b, -1, c).index_select(1, gather)
-    padded = tuple(-(-s // w) * w for s, w in zip(spatial, window))
+    padded = tuple(ceil_div(s, w) * w for s, w in zip(spatial, window))
     if is_tracing() or padded != spatial:
         windows = windows.masked_fill(~valid[:, None], 0.)
     mask = shift_window_mask(padded, window, shift, x.device) if any(shift) else None

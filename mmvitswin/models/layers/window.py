@@ -20,6 +20,21 @@ def to_tuple(value, ndim: int, name: str) -> Size:
     return int_tuple(name, value, ndim, low=1)
 
 
+def ceil_div(size, divisor: int):
+    """``ceil(size / divisor)`` for sizes >= 0, with floor division of non-negative numbers
+    only: ONNX's integer division truncates, so the usual ``-(-a // b)`` exports wrongly."""
+    return (size + divisor - 1) // divisor
+
+
+def pad_amount(size, multiple: int):
+    """Zero padding that brings ``size`` up to a multiple of ``multiple``.
+
+    No ``%`` on the size: on a traced (symbolic) size it ends up inside the float expressions
+    of later resizes, which torch's scalar passes cannot handle.
+    """
+    return ceil_div(size, multiple) * multiple - size
+
+
 def pad_to_multiple(x: torch.Tensor, multiple: Size) -> Tuple[torch.Tensor, Size]:
     """Zero-pad the spatial dims of ``x: (B, *spatial, C)`` at their end up to ``multiple``.
 
@@ -27,7 +42,7 @@ def pad_to_multiple(x: torch.Tensor, multiple: Size) -> Tuple[torch.Tensor, Size
     tracing (a zero-width pad is a no-op), so no branch depends on the input size.
     """
     spatial = x.shape[1:-1]
-    pads = [(-s) % m for s, m in zip(spatial, multiple)]
+    pads = [pad_amount(s, m) for s, m in zip(spatial, multiple)]
     if is_tracing() or any(p != 0 for p in pads):
         # F.pad lists pads from the last dim backwards: channels first (none), then spatial.
         flat = [0, 0]
@@ -97,6 +112,13 @@ def _grid_view(t: torch.Tensor, axis: int, ndim: int) -> torch.Tensor:
     return t.view(shape)
 
 
+def _rolled_arange(p, h: int, device) -> torch.Tensor:
+    """``(arange(p) + h) mod p``: the padded position held by each position after a roll by
+    ``-h`` (two slices, no ``%`` on a traced size: ONNX has no remainder by a symbolic size)."""
+    pos = torch.arange(p, device=device)
+    return torch.cat([pos[h:], pos[:h]]) if h else pos
+
+
 def shift_window_mask(padded: Size, window: Size, shift: Size, device: torch.device,
                       fill: float = -100.0) -> torch.Tensor:
     """Additive attention mask for shifted windows: ``(num_windows, N, N)`` float32.
@@ -106,15 +128,19 @@ def shift_window_mask(padded: Size, window: Size, shift: Size, device: torch.dev
     it to reproduce their numbers). Padded tokens are not masked, matching mmdet/mmseg/mmaction2.
 
     Computed from the sizes with tensor ops only (no Python loop over positions, no cache), so
-    it traces with symbolic sizes: along each dim, a rolled position ``p`` of a padded length
-    ``P`` belongs to region ``[p >= P - w] + [p >= P - s]`` (0, 1 or 2), the three slices
-    ``[0, P-w)``, ``[P-w, P-s)``, ``[P-s, P)`` of the references.
+    it traces with symbolic sizes: along each dim of padded length ``P`` the rolled positions
+    fall in three regions, ``[0, P-w)``, ``[P-w, P-s)`` and ``[P-s, P)`` (the references'
+    slices), labelled 0, 1, 2 and combined over the dims.
     """
     nd = len(padded)
     label = torch.zeros((), dtype=torch.long, device=device)
     for axis, (p, w, s) in enumerate(zip(padded, window, shift)):
-        pos = torch.arange(p, device=device)
-        region = (pos >= p - w).long() + (pos >= p - s).long() if s > 0 else pos * 0
+        if s > 0:
+            region = torch.cat([torch.zeros(p - w, dtype=torch.long, device=device),
+                                torch.ones(w - s, dtype=torch.long, device=device),
+                                torch.full((s, ), 2, dtype=torch.long, device=device)])
+        else:
+            region = torch.zeros(p, dtype=torch.long, device=device)
         label = label * 3 + _grid_view(region, axis, nd)
     labels = window_partition(label.expand(*padded)[None, ..., None], window).squeeze(-1)
     same = labels[:, None, :] == labels[:, :, None]  # (nW, N, N)
@@ -133,21 +159,25 @@ def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.
     - ``valid`` ``(nW * N,)`` bool: False where the entry is padding (to be zeroed);
     - ``scatter`` ``(L,)``: ``windows[:, scatter]`` puts every real token back in place.
 
-    Pure index arithmetic on ``arange``s (no ``nonzero``, no cache): the window-order position
-    of a token follows from its rolled coordinate ``(y - shift) mod P`` split into window-grid
-    cell and in-window offset, so the indices trace with symbolic sizes (compile, export).
+    Built from ``arange``s, slices and integer arithmetic by the (constant) window size (no
+    ``nonzero``, no cache, no remainder by a traced size), so the indices trace with symbolic
+    sizes for compile and export: along each dim the rolled padded positions, viewed as
+    ``(P / w, w)``, are exactly (window-grid cell, offset in window).
     """
     nd = len(spatial)
-    padded = [-(-s // w) * w for s, w in zip(spatial, window)]
+    padded = [ceil_div(s, w) * w for s, w in zip(spatial, window)]
     # Forward: a grid (G_0, .., G_{nd-1}, w_0, .., w_{nd-1}) in window order.
     flat = torch.zeros((), dtype=torch.long, device=device)
     valid = torch.ones((), dtype=torch.bool, device=device)
     for axis, (s, w, h, p) in enumerate(zip(spatial, window, shift, padded)):
-        cell = _grid_view(torch.arange(p // w, device=device), axis, 2 * nd)
-        offset = _grid_view(torch.arange(w, device=device), nd + axis, 2 * nd)
-        coord = (cell * w + offset + h) % p  # the padded position this rolled one holds
-        valid = valid & (coord < s)
-        flat = flat * s + coord
+        real = F.pad(torch.ones(s, dtype=torch.bool, device=device), (0, p - s))
+        order = _rolled_arange(p, h, device)
+        coord = order.view(p // w, w)  # (cell, offset) -> padded position
+        is_real = real[order].view(p // w, w)
+        view = [1] * (2 * nd)
+        view[axis], view[nd + axis] = p // w, w
+        valid = valid & is_real.view(view)
+        flat = flat * s + coord.view(view)
     gather = flat.masked_fill(~valid, 0).reshape(-1)
     # Inverse: for each real token (raster order), its position in window order.
     n = 1
@@ -156,7 +186,10 @@ def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.
     cell_index = torch.zeros((), dtype=torch.long, device=device)
     offset_index = torch.zeros((), dtype=torch.long, device=device)
     for axis, (s, w, h, p) in enumerate(zip(spatial, window, shift, padded)):
-        rolled = _grid_view((torch.arange(s, device=device) - h) % p, axis, nd)
+        pos = torch.arange(p, device=device)
+        # where padded position y went in the rolled order: (y - h) mod p
+        rolled = (torch.cat([pos[p - h:], pos[:p - h]]) if h else pos)[:s]
+        rolled = _grid_view(rolled, axis, nd)
         cell_index = cell_index * (p // w) + rolled // w
         offset_index = offset_index * w + rolled % w
     scatter = (cell_index * n + offset_index).reshape(-1)

@@ -1,0 +1,221 @@
+"""mmvitswin.compat: one answer per torch version, same behaviour on every supported torch."""
+import importlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import requires_torch
+
+from mmvitswin import compat
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('2.1.2', (2, 1, 2)), ('2.1.2+cu121', (2, 1, 2)), ('2.13.0+cpu', (2, 13, 0)),
+    ('2.6.0a0+git1234abc', (2, 6, 0)), ('2.4', (2, 4, 0)), ('2.10.1.post3', (2, 10, 1))])
+def test_parse_version(text, expected):
+    assert compat._parse_version(text) == expected
+
+
+def test_torch_version_and_flags_match_installed_torch():
+    major, minor = (int(p) for p in torch.__version__.split('.')[:2])
+    assert compat.TORCH_VERSION[:2] == (major, minor)
+    assert compat.torch_at_least(major, minor) and not compat.torch_at_least(major, minor + 1)
+    ser = torch.serialization
+    assert compat.HAS_SAFE_GLOBALS == hasattr(ser, 'add_safe_globals')
+    assert compat.HAS_UNSAFE_GLOBALS_SCAN == hasattr(ser, 'get_unsafe_globals_in_checkpoint')
+    assert compat.HAS_SAFE_GLOBAL_ALIASES <= compat.HAS_SAFE_GLOBALS
+    assert compat.WEIGHTS_ONLY_DEFAULT == compat.torch_at_least(2, 6)
+    assert compat.HAS_DYNAMO_ONNX_EXPORT == compat.torch_at_least(2, 5)
+    if compat.HAS_TORCH_EXPORT:
+        export = importlib.import_module('torch.export')
+        assert callable(export.export) and hasattr(export, 'Dim')
+
+
+def test_import_in_fresh_interpreter_has_no_version_errors():
+    code = ('import warnings; warnings.simplefilter("error", FutureWarning)\n'
+            'import mmvitswin, mmvitswin.compat as c; print(c.TORCH_VERSION)')
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(compat.TORCH_VERSION)
+
+
+def test_autocast_queries_cpu():
+    assert compat.is_autocast_enabled('cpu') is False
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert compat.is_autocast_enabled('cpu') is True
+        assert compat.get_autocast_dtype('cpu') == torch.bfloat16
+        with torch.autocast('cpu', enabled=False):
+            assert compat.is_autocast_enabled('cpu') is False
+    assert compat.is_autocast_enabled('cuda') is False  # answers even without a GPU
+
+
+def _make_function(fwd_decorator, bwd_decorator):
+    """A matmul autograd.Function recording what its forward/backward saw."""
+    seen = {}
+
+    class MatMul(torch.autograd.Function):
+
+        @staticmethod
+        @fwd_decorator
+        def forward(ctx, a, b):
+            seen['fwd_dtypes'] = (a.dtype, b.dtype)
+            seen['fwd_autocast'] = compat.is_autocast_enabled('cpu')
+            ctx.save_for_backward(a, b)
+            return a @ b
+
+        @staticmethod
+        @bwd_decorator
+        def backward(ctx, grad):
+            a, b = ctx.saved_tensors
+            seen['bwd_autocast'] = compat.is_autocast_enabled('cpu')
+            return grad @ b.t().to(grad.dtype), a.t().to(grad.dtype) @ grad
+
+    return MatMul, seen
+
+
+# The public factories (torch.amp's on torch >= 2.4) and the fallback written for older torch,
+# exercised on whichever torch runs the tests: both must behave the same.
+_IMPLEMENTATIONS = {
+    'public': (compat.custom_fwd, compat.custom_bwd),
+    'fallback': (compat._generic_custom_fwd, lambda device: compat._generic_custom_bwd(device)),
+}
+
+
+@pytest.mark.parametrize('impl', sorted(_IMPLEMENTATIONS))
+def test_custom_fwd_cast_inputs_runs_fp32_without_autocast(impl):
+    make_fwd, make_bwd = _IMPLEMENTATIONS[impl]
+    fn, seen = _make_function(make_fwd('cpu', torch.float32) if impl == 'fallback' else
+                              make_fwd('cpu', cast_inputs=torch.float32), make_bwd('cpu'))
+    a = torch.randn(4, 8, requires_grad=True)
+    b = torch.randn(8, 3, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = fn.apply(a.to(torch.bfloat16), b)
+    assert seen['fwd_dtypes'] == (torch.float32, torch.float32)
+    assert seen['fwd_autocast'] is False
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, a.to(torch.bfloat16).float() @ b)
+    out.sum().backward()  # backward outside autocast (the AMP recipe)
+    assert seen['bwd_autocast'] is False
+    torch.testing.assert_close(b.grad, (a.to(torch.bfloat16).float()).t() @ torch.ones(4, 3))
+    assert a.grad.shape == a.shape and a.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize('impl', sorted(_IMPLEMENTATIONS))
+def test_custom_bwd_reenters_forward_autocast_state(impl):
+    make_fwd, make_bwd = _IMPLEMENTATIONS[impl]
+    fn, seen = _make_function(make_fwd('cpu', None) if impl == 'fallback' else make_fwd('cpu'),
+                              make_bwd('cpu'))
+    a = torch.randn(4, 8, requires_grad=True)
+    b = torch.randn(8, 3, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = fn.apply(a, b)
+    assert seen['fwd_autocast'] is True and seen['fwd_dtypes'] == (torch.float32, torch.float32)
+    out.sum().backward()
+    assert seen['bwd_autocast'] is True  # as torch.amp.custom_bwd: same state as the forward
+    # without autocast, neither pass sees it
+    out = fn.apply(a, b)
+    out.sum().backward()
+    assert seen['fwd_autocast'] is False and seen['bwd_autocast'] is False
+
+
+def test_custom_fwd_accepts_keyword_device_type():
+    fwd = compat.custom_fwd(device_type='cpu', cast_inputs=torch.float32)
+    bwd = compat.custom_bwd(device_type='cpu')
+    fn, seen = _make_function(fwd, bwd)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = fn.apply(torch.ones(2, 2, dtype=torch.bfloat16), torch.ones(2, 2))
+    assert out.dtype == torch.float32 and seen['fwd_autocast'] is False
+
+
+def test_is_compiling_false_in_eager_true_under_dynamo():
+    assert compat.is_compiling() is False
+
+    def f(x):
+        return x + 1 if compat.is_compiling() else x - 1
+
+    compiled = torch.compile(f, backend='eager', fullgraph=True)
+    x = torch.zeros(3)
+    assert torch.equal(f(x), -torch.ones(3))
+    assert torch.equal(compiled(x), torch.ones(3))
+
+
+def test_queries_trace_in_one_graph():
+    """The queries run inside compiled model forwards: dynamo must trace them, no graph break."""
+
+    def f(x):
+        assert not compat.is_exporting()
+        if compat.is_autocast_enabled('cpu'):
+            return x * 0
+        return x + 1 if compat.is_compiling() else x - 1
+
+    compiled = torch.compile(f, backend='eager', fullgraph=True)
+    assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))
+
+
+@requires_torch((2, 4), 'dynamo tracing torch.get_autocast_dtype (2.1: a graph break)')
+def test_get_autocast_dtype_traces_in_one_graph():
+
+    def f(x):
+        return x + 1 if compat.get_autocast_dtype('cpu') == torch.bfloat16 else x
+
+    compiled = torch.compile(f, backend='eager', fullgraph=True)
+    assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))
+
+
+def test_is_exporting_under_jit_trace():
+    seen = []
+
+    def f(x):
+        seen.append(compat.is_exporting())
+        return x * 2
+
+    assert compat.is_exporting() is False
+    torch.jit.trace(f, torch.ones(2), check_trace=False)
+    f(torch.ones(2))
+    assert seen == [True, False]
+
+
+@pytest.mark.skipif(not hasattr(getattr(torch, 'compiler', None), 'is_exporting'),
+                    reason='torch.compiler.is_exporting is missing on this torch')
+def test_is_exporting_under_torch_export():
+    seen = []
+
+    class M(torch.nn.Module):
+
+        def forward(self, x):
+            seen.append(compat.is_exporting())
+            return x * 2
+
+    torch.export.export(M(), (torch.ones(2), ))
+    assert seen and all(seen)
+
+
+def test_requires_torch_helper():
+    future = requires_torch((99, 0), 'time travel')
+    assert future.args[0] is True and 'torch >= 99.0 for time travel' in future.kwargs['reason']
+    assert requires_torch((2, 1), 'the floor').args[0] is False
+
+
+@pytest.mark.requires_torch((99, ), 'the marker form')
+def test_requires_torch_marker_skips():
+    raise AssertionError('must have been skipped')
+
+
+def test_autocast_disabled_with_fp32_dtype_is_a_no_op_on_every_torch():
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        with compat.autocast('cpu', torch.float32, enabled=False):
+            assert compat.is_autocast_enabled('cpu') is False
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+        assert compat.is_autocast_enabled('cpu') is True
+    with compat.autocast('cpu', torch.bfloat16):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+def test_autocast_fp16_on_cpu_works_or_says_why():
+    if compat.CPU_AUTOCAST_FP16:
+        with compat.autocast('cpu', torch.float16):
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
+    else:
+        with pytest.raises(RuntimeError, match='cannot autocast to float16 on CPU'):
+            compat.autocast('cpu', torch.float16)
