@@ -71,7 +71,7 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
     'swin3d_t': dict(type='SwinTransformer3D', arch='tiny', out_indices=(0, 1, 2, 3),
                      frames=8),
 }
-# A case: kind (forward | train | whole | rss), model (a BACKBONES or WHOLE key), scale (of the
+# A case: kind (forward | train | whole | rss | rss_train), model (a BACKBONES or WHOLE key), scale (of the
 # recipe's sizes), count (sizes per pass), batch, rows: [label, subject, baseline, metric],
 # optional backbone_kwargs (merged into the backbone config).
 # A variant is 'ours'|'ref' + dtype (+ ' cp' for with_cp=True); 'bf16' follows --dtype.
@@ -105,7 +105,10 @@ PRESETS = {
     ],
     'rss': [dict(model='swin_t', kind='rss', scale=1.0, count=300, batch=1, rows=[
         ['Swin-T resident memory growth after {count} new sizes, forward fp32', 'ours fp32',
-         'ref fp32', 'rss']])],
+         'ref fp32', 'rss']]),
+            dict(model='swin_t', kind='rss_train', scale=0.5, count=300, batch=1, rows=[
+                ['Swin-T resident memory growth after {count} new sizes, train step fp32',
+                 'ours fp32', 'ref fp32', 'rss']])],
     'quick': [  # every code path on a tiny Swin, about a minute on 2 cores
         dict(model='swin_tiny_test', kind='forward', scale=0.2, count=2, batch=1, rows=[
             ['tiny forward fp32', 'ours fp32', 'ref fp32', 'time'],
@@ -344,7 +347,7 @@ class Subject:
         else:
             model = copy.deepcopy(self.ref if impl == 'ref' else self.base)
         model.to(self.device)
-        model.train(self.case['kind'] in ('train', 'whole'))  # mmdet's train() returns None
+        model.train(self.case['kind'] in ('train', 'whole', 'rss_train'))  # mmdet's train() returns None
         if self.args.compile:
             if self.case['kind'] == 'whole':
                 model.backbone = torch.compile(model.backbone)
@@ -453,7 +456,7 @@ def run_case(case: dict, args, device) -> dict:
         return (_status_kib('VmRSS') - before) * 1024
 
     order = list(calls)
-    if case['kind'] == 'rss':  # one variant after the other: RSS is the whole process's
+    if case['kind'].startswith('rss'):  # one variant after the other: RSS is the whole process's
         for name in sorted(order, key=lambda n: not n.startswith('ref')):
             record['variants'][name]['rss_growth_bytes'] = run(name, lambda: rss_growth(name))
     else:
