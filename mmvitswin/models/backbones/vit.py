@@ -24,9 +24,9 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import (FFN, Attention, ConvStem, DropPath, PatchEmbed, ceil_div, pad_amount,
-                      pad_to_multiple, resize_pos_embed, resize_rel_pos_1d, to_tuple,
-                      window_partition, window_reverse)
+from ..layers import (FFN, Attention, ConvStem, DropPath, PatchEmbed, ceil_div, merge_windows,
+                      pad_amount, partition_windows, resize_pos_embed, resize_rel_pos_1d,
+                      to_tuple)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 from ..utils import (build_act, build_layer_norm, check_bool, check_choice,
                      check_image_input, check_int, check_int_sequence, check_optional_dict,
@@ -170,10 +170,11 @@ class ViTBlock(nn.Module):
         b, _, c = x.shape
         prefix, tokens = x[:, :num_prefix], x[:, num_prefix:]
         window = (self.window_size, self.window_size)
-        tokens, padded = pad_to_multiple(tokens.reshape(b, grid[0], grid[1], c), window)
-        out = self.attn(window_partition(tokens, window), window, 0)
-        out = window_reverse(out, window, padded)[:, :grid[0], :grid[1]]
-        out = out.reshape(b, grid[0] * grid[1], c)
+        # zero padding after norm1 (as ViTDet), windows by one gather each way
+        shape = (b, grid[0], grid[1], c)
+        windows, scatter, _ = partition_windows(tokens.reshape(shape), window, (0, 0))
+        out = merge_windows(self.attn(windows, window, 0), scatter, shape)
+        out = out.view(b, grid[0] * grid[1], c)
         if num_prefix:
             out = torch.cat([torch.zeros_like(prefix), out], dim=1)
         return out

@@ -140,7 +140,7 @@ class WindowAttention(Attention):
         ``n x n`` block of the index, as mmaction2's video Swin does.
         """
         index = self.relative_position_index[:n, :n].reshape(-1)
-        bias = self.relative_position_bias_table[index].view(n, n, -1)
+        bias = self.relative_position_bias_table.index_select(0, index).view(n, n, -1)
         return bias.permute(2, 0, 1)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -191,7 +191,9 @@ def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.
         rolled = (torch.cat([pos[p - h:], pos[:p - h]]) if h else pos)[:s]
         rolled = _grid_view(rolled, axis, nd)
         cell_index = cell_index * (p // w) + rolled // w
-        offset_index = offset_index * w + rolled % w
+        # (no ``%``: a window clamped to a traced input is itself symbolic, and ONNX has no
+        # remainder by a symbolic divisor; positions are >= 0, so this is the same)
+        offset_index = offset_index * w + (rolled - rolled // w * w)
     scatter = (cell_index * n + offset_index).reshape(-1)
     return gather, valid.reshape(-1), scatter
 
