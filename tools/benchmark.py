@@ -71,9 +71,10 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
     'swin3d_t': dict(type='SwinTransformer3D', arch='tiny', out_indices=(0, 1, 2, 3),
                      frames=8),
 }
-# A case: kind (forward | train | whole | rss | rss_train), model (a BACKBONES or WHOLE key), scale (of the
-# recipe's sizes), count (sizes per pass), batch, rows: [label, subject, baseline, metric],
-# optional backbone_kwargs (merged into the backbone config).
+# A case: kind (forward | train | whole | rss | rss_train), model (a BACKBONES or WHOLE key),
+# scale (of the recipe's sizes) or sides (low, high: H and W drawn independently), count (sizes
+# per pass), batch, rows: [label, subject, baseline, metric], optional backbone_kwargs (merged
+# into the backbone config).
 # A variant is 'ours'|'ref' + dtype (+ ' cp' for with_cp=True); 'bf16' follows --dtype.
 _SWIN = dict(model='swin_t', scale=0.4, batch=1)
 PRESETS = {
@@ -106,7 +107,7 @@ PRESETS = {
     'rss': [dict(model='swin_t', kind='rss', scale=1.0, count=300, batch=1, rows=[
         ['Swin-T resident memory growth after {count} new sizes, forward fp32', 'ours fp32',
          'ref fp32', 'rss']]),
-            dict(model='swin_t', kind='rss_train', scale=0.5, count=300, batch=1, rows=[
+            dict(model='swin_t', kind='rss_train', sides=(160, 800), count=300, batch=1, rows=[
                 ['Swin-T resident memory growth after {count} new sizes, train step fp32',
                  'ours fp32', 'ref fp32', 'rss']])],
     'quick': [  # every code path on a tiny Swin, about a minute on 2 cores
@@ -143,6 +144,23 @@ def draw_sizes(n: int, scale: float, seed: int) -> List[Tuple[int, int]]:
         if size not in sizes:
             sizes.append(size)
     return sizes
+
+
+def draw_grid_sizes(n: int, low: int, high: int, seed: int) -> List[Tuple[int, int]]:
+    """``n`` distinct (H, W), each side a multiple of 32 drawn uniformly from [low, high]: many
+    more distinct sizes than the recipe has at a small scale, for the long memory cases."""
+    sides = list(range(-(-low // 32) * 32, high + 1, 32))
+    if n > len(sides)**2:
+        raise ValueError(f'cannot draw {n} distinct sizes from sides {low}-{high}: only '
+                         f'{len(sides)**2} exist')
+    rng, sizes = random.Random(seed), set()
+    ordered = []
+    while len(ordered) < n:
+        size = (rng.choice(sides), rng.choice(sides))
+        if size not in sizes:
+            sizes.add(size)
+            ordered.append(size)
+    return ordered
 
 
 def det_batch(size, batch: int, num_classes: int, seed: int) -> dict:
@@ -412,7 +430,8 @@ def run_case(case: dict, args, device) -> dict:
                              subject=subj, baseline=base, metric=metric))
     if not rows:
         return dict(case=case, rows=[])
-    sizes = draw_sizes(count + 1, case['scale'], args.seed)
+    sizes = (draw_grid_sizes(count + 1, *case['sides'], args.seed) if 'sides' in case
+             else draw_sizes(count + 1, case['scale'], args.seed))
     subject = Subject(case, args, device)
     names = []
     for r in rows:
