@@ -12,11 +12,11 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA,
-                      drop_path_schedule, resize_pos_embed, to_tuple)
-from ..utils import (build_act, build_layer_norm, check_bool, check_image_input, check_int,
-                     check_int_sequence, check_optional_dict, check_positive_int,
-                     check_positive_number, check_probability)
+from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA, build_act,
+                      build_layer_norm, drop_path_schedule, resize_pos_embed, resolve_arch,
+                      resolve_indices, to_tuple, validate_stages)
+from ..utils import (check_bool, check_image_input, check_int_sequence, check_optional_dict,
+                     check_positive_int, check_positive_number, check_probability)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -26,6 +26,7 @@ ARCH_ZOO: Dict[str, dict] = {
     'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
 }
 ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large'}
+SWIN_ARCH_KEYS = ('embed_dims', 'depths', 'num_heads')
 
 
 class SwinBlock(nn.Module):
@@ -92,15 +93,11 @@ class SwinStage(nn.Module):
 
 
 def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size, strides,
-                         out_indices, frozen_stages) -> None:
-    """Raise a ValueError/TypeError naming the bad argument (called by the constructor)."""
-    check_positive_int('embed_dims', embed_dims)
+                         out_indices, frozen_stages) -> Tuple[int, ...]:
+    """Raise a ValueError/TypeError naming the bad argument (called by the constructor);
+    returns ``out_indices`` as a tuple."""
     check_positive_int('patch_size', patch_size)
-    depths = check_int_sequence('depths', depths, low=0)
-    num_heads = check_int_sequence('num_heads', num_heads, low=1)
-    if len(depths) != len(num_heads):
-        raise ValueError(f'depths ({len(depths)} stages: {tuple(depths)}) and num_heads '
-                         f'({len(num_heads)} stages: {tuple(num_heads)}) must have the same length')
+    depths = validate_stages(embed_dims, depths, num_heads, frozen_stages)['depths']
     strides = check_int_sequence('strides', strides, low=1)
     if len(strides) != len(depths):
         raise ValueError(f'strides must have one entry per stage ({len(depths)}), got {strides}')
@@ -109,18 +106,7 @@ def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size,
                          'patch embedding is non-overlapping')
     if any(s != 2 for s in strides[1:]):
         raise ValueError(f'strides[1:] must all be 2 (patch merging), got {tuple(strides[1:])}')
-    for i, heads in enumerate(num_heads):
-        dims = embed_dims * 2**i
-        if dims % heads != 0:
-            raise ValueError(f'embed_dims of stage {i} ({dims} = embed_dims * 2**{i}) must be '
-                             f'divisible by num_heads[{i}] ({heads})')
-    if not out_indices:
-        raise ValueError('out_indices must name at least one stage, got ()')
-    for i in out_indices:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(depths):
-            raise ValueError(f'out_indices must be stage indices in [0, {len(depths) - 1}], '
-                             f'got {tuple(out_indices)}')
-    check_int('frozen_stages', frozen_stages, -1, len(depths))
+    return resolve_indices(out_indices, len(depths))
 
 
 @MODELS.register_module()
@@ -166,15 +152,12 @@ class SwinTransformer(TransformerBackbone):
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
 
-        preset = self._resolve_arch(arch)
+        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         depths = check_int_sequence('depths', preset['depths'] if depths is None else depths,
                                     low=0)
         num_heads = check_int_sequence(
             'num_heads', preset['num_heads'] if num_heads is None else num_heads)
-        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
-            out_indices = (out_indices, )
-        out_indices = check_int_sequence('out_indices', out_indices, low=-len(depths))
         check_int_sequence('strides', strides)
         window = to_tuple(window_size, 2, 'window_size')
         check_positive_int('in_channels', in_channels)
@@ -191,8 +174,8 @@ class SwinTransformer(TransformerBackbone):
         check_optional_dict('act_cfg', act_cfg)
         check_optional_dict('norm_cfg', norm_cfg)
         check_optional_dict('init_cfg', init_cfg, allow_list=True)
-        validate_swin_config(embed_dims, depths, num_heads, patch_size, window, tuple(strides),
-                             out_indices, frozen_stages)
+        out_indices = validate_swin_config(embed_dims, depths, num_heads, patch_size, window,
+                                           tuple(strides), out_indices, frozen_stages)
 
         self.arch_settings = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads)
         self.pretrain_img_size = to_tuple(pretrain_img_size, 2, 'pretrain_img_size')
@@ -235,20 +218,6 @@ class SwinTransformer(TransformerBackbone):
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()
         self._freeze_stages()
-
-    @staticmethod
-    def _resolve_arch(arch) -> dict:
-        if isinstance(arch, dict):
-            missing = {'embed_dims', 'depths', 'num_heads'} - set(arch)
-            if missing:
-                raise ValueError(f'arch dict is missing {sorted(missing)}')
-            return arch
-        if not isinstance(arch, str):
-            raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
-        name = ARCH_ALIASES.get(arch.lower(), arch.lower())
-        if name not in ARCH_ZOO:
-            raise ValueError(f'arch must be one of {sorted(ARCH_ZOO)} (or a dict), got {arch!r}')
-        return ARCH_ZOO[name]
 
     # ----------------------------------------------------------------------------- weights
     def _init_random(self) -> None:

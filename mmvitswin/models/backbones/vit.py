@@ -24,9 +24,9 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import (FFN, Attention, ConvStem, DropPath, PatchEmbed, ceil_div, pad_amount,
-                      pad_to_multiple, resize_pos_embed, resize_rel_pos_1d, to_tuple,
-                      window_partition, window_reverse)
+from ..layers import (FFN, Attention, ConvStem, DropPath, LayerNorm2d, PatchEmbed,  # noqa: F401
+                      ceil_div, linear_drop_path, pad_amount, pad_to_multiple, resize_pos_embed,
+                      resize_rel_pos_1d, to_tuple, window_partition, window_reverse)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 from ..utils import (build_act, build_layer_norm, check_bool, check_choice,
                      check_image_input, check_int, check_int_sequence, check_optional_dict,
@@ -93,20 +93,6 @@ def crop_to(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------- layers
-class LayerNorm2d(nn.Module):
-    """LayerNorm over the channels of an NCHW map (ViTDet/ConvNeXt ``LayerNorm2d``)."""
-
-    def __init__(self, channels: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(channels))
-        self.bias = nn.Parameter(torch.zeros(channels))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], self.weight, self.bias, self.eps)
-        return x.permute(0, 3, 1, 2)
-
-
 class ViTAttention(Attention):
     """``layers.Attention`` plus optional decomposed relative positions (ViTDet ``use_rel_pos``).
 
@@ -383,7 +369,7 @@ class VisionTransformerTrunk(TransformerBackbone):
         self.drop_after_pos = nn.Dropout(drop_rate)
         self.norm_pre = build_layer_norm(norm_cfg, embed_dims) if pre_norm else None
 
-        rates = [drop_path_rate * i / max(num_layers - 1, 1) for i in range(num_layers)]
+        rates = linear_drop_path(drop_path_rate, num_layers)
         self.blocks = nn.ModuleList([
             ViTBlock(embed_dims, num_heads, ffn_dims,
                      window_size=0 if i in global_attn_indexes else window_size,

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.ops import MultiScaleDeformableAttention
 
-from ..layers import DropPath, is_tracing
+from ..layers import DropPath, build_batch_norm, is_tracing
 from ..utils import check_image_input
 from ...validate import (check_bool, check_number, check_optional_dict, check_positive_int,
                          check_positive_number, check_probability)
@@ -59,7 +59,6 @@ from ...validate import (check_bool, check_number, check_optional_dict, check_po
 HW = Tuple[int, int]
 RunBlocks = Callable[[torch.Tensor, int, int, HW], torch.Tensor]
 
-_BATCH_NORMS = {'BN': nn.BatchNorm2d, 'BN2d': nn.BatchNorm2d, 'SyncBN': nn.SyncBatchNorm}
 # The original adapter uses LayerNorm(eps=1e-6) in its injectors and extractors.
 _LN_EPS = 1e-6
 
@@ -190,24 +189,6 @@ def tokens_to_maps(x: torch.Tensor, shapes: Sequence[HW]) -> List[torch.Tensor]:
 def maps_to_tokens(maps: Sequence[torch.Tensor]) -> torch.Tensor:
     """Inverse of ``tokens_to_maps``: NCHW maps -> ``(B, sum(h*w), C)``."""
     return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], dim=1)
-
-
-def build_batch_norm(norm_cfg: Optional[dict], channels: int) -> nn.Module:
-    """BatchNorm from an OpenMMLab ``norm_cfg``: ``type`` 'BN' (default) or 'SyncBN'; optional
-    ``eps``, ``momentum``, ``requires_grad``. (mmengine's runner turns SyncBN back into BN when
-    training is not distributed.)"""
-    cfg = dict(type='BN') if norm_cfg is None else dict(norm_cfg)
-    kind = cfg.pop('type', None)
-    if kind not in _BATCH_NORMS:
-        raise ValueError(f'norm_cfg type must be one of {sorted(_BATCH_NORMS)}, got {norm_cfg!r}')
-    requires_grad = cfg.pop('requires_grad', True)
-    kwargs = {k: cfg.pop(k) for k in ('eps', 'momentum') if k in cfg}
-    if cfg:
-        raise ValueError(f'norm_cfg has unsupported keys {sorted(cfg)}')
-    norm = _BATCH_NORMS[kind](channels, **kwargs)
-    for p in norm.parameters():
-        p.requires_grad = requires_grad
-    return norm
 
 
 def _check_interaction_indexes(interaction_indexes) -> List[HW]:
