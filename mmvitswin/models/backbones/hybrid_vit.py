@@ -27,7 +27,8 @@ by ``(w - mean_o) / sqrt(var_o + eps)`` with the *biased* variance over ``in/gro
 and ``eps = 1e-8`` -- the value timm's R50 hybrid (``vit_base_r50_s16_*``) uses, so its
 weights reproduce its features; timm's generic ``StdConv2d`` default is 1e-6.
 """
-from typing import List, Optional, Sequence, Tuple, Union
+from functools import partial
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -36,9 +37,9 @@ import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
 from ..layers import (DropPath, MaxPool2dSame, StdConv2d, drop_path_schedule,  # noqa: F401
-                      group_norm, same_padding)
-from ..utils import (check_bool, check_image_input, check_int_sequence, check_positive_int,
-                     check_positive_number, check_probability)
+                      group_norm, resolve_indices, same_padding)
+from ..utils import (check_bool, check_image_input, check_int, check_int_sequence,
+                     check_positive_int, check_positive_number, check_probability)
 from .vit import VisionTransformerTrunk
 
 # -------------------------------------------------------------------------------- layers
@@ -194,6 +195,12 @@ class HybridEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         return self.project(self.backbone(x)[-1])
 
+    @classmethod
+    def build(cls, in_channels: int, embed_dims: int, **cnn_cfg) -> 'HybridEmbed':
+        """The factory the trunk calls (``patch_embed=partial(HybridEmbed.build, ...)``):
+        a :class:`ResNetV2FrontEnd` of ``cnn_cfg`` and the projection to ``embed_dims``."""
+        return cls(ResNetV2FrontEnd(in_channels, **cnn_cfg), embed_dims)
+
 
 def _level_channels(out_channels, native: Sequence[int]) -> List[Optional[int]]:
     """``out_channels`` (None, int, or 4 entries of int/None) -> one entry per level."""
@@ -247,10 +254,6 @@ class HybridViT(VisionTransformerTrunk):
                  arch='base',
                  img_size=224,
                  in_channels: int = 3,
-                 embed_dims: Optional[int] = None,
-                 num_layers: Optional[int] = None,
-                 num_heads: Optional[int] = None,
-                 mlp_ratio: Optional[float] = None,
                  cnn_depths: Sequence[int] = (3, 4, 9),
                  cnn_channels: Sequence[int] = (256, 512, 1024),
                  stem_channels: int = 64,
@@ -258,60 +261,31 @@ class HybridViT(VisionTransformerTrunk):
                  out_channels=None,
                  out_norm: bool = True,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
-                 qkv_bias: bool = True,
-                 drop_rate: float = 0.,
-                 attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.,
                  cnn_drop_path_rate: float = 0.,
-                 norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
-                 act_cfg: Optional[dict] = dict(type='GELU'),
                  final_norm: bool = True,
-                 interpolate_mode: str = 'bicubic',
-                 window_size: int = 0,
-                 global_attn_indexes: Optional[Sequence[int]] = None,
-                 use_rel_pos: bool = False,
                  with_cp: bool = False,
                  frozen_stages: int = -1,
-                 pretrained: Optional[str] = None,
-                 init_cfg=None):
+                 **vit_kwargs):
         cnn_depths = check_int_sequence('cnn_depths', cnn_depths)
         cnn_channels = check_int_sequence('cnn_channels', cnn_channels)
         if len(cnn_depths) != 3 or len(cnn_channels) != 3:
             raise ValueError(f'cnn_depths and cnn_channels need 3 stages (strides 4, 8, 16), got '
                              f'{tuple(cnn_depths)} and {tuple(cnn_channels)}')
-        check_positive_int('in_channels', in_channels)
         if check_positive_int('stem_channels', stem_channels) % 32:
             raise ValueError(f'stem_channels must be a multiple of 32 (GroupNorm(32) follows the '
                              f'stem conv), got {stem_channels!r}')
         check_positive_number('ws_eps', ws_eps)
         check_probability('cnn_drop_path_rate', cnn_drop_path_rate)
         check_bool('out_norm', out_norm)
-        preset = VisionTransformerTrunk._resolve_arch(arch)
-        dims = preset['embed_dims'] if embed_dims is None else embed_dims
-        check_positive_int('embed_dims', dims)
-        cnn = ResNetV2FrontEnd(in_channels, stem_channels, cnn_depths, cnn_channels,
-                               drop_path_rate=cnn_drop_path_rate, eps=ws_eps, with_cp=with_cp)
-        super().__init__(
-            arch, img_size=img_size, patch_size=self.CNN_STRIDE, in_channels=in_channels,
-            embed_dims=dims, num_layers=num_layers, num_heads=num_heads, mlp_ratio=mlp_ratio,
-            out_indices=-1, qkv_bias=qkv_bias, drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, with_cls_token=True,
-            norm_cfg=norm_cfg, act_cfg=act_cfg, pre_norm=False, final_norm=final_norm,
-            interpolate_mode=interpolate_mode, window_size=window_size,
-            global_attn_indexes=global_attn_indexes, use_rel_pos=use_rel_pos, with_cp=with_cp,
-            frozen_stages=-1, patch_embed=HybridEmbed(cnn, dims), pretrained=pretrained,
-            init_cfg=init_cfg)
-
-        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
-            out_indices = (out_indices, )
-        if not isinstance(out_indices, (list, tuple)) or not out_indices or any(
-                isinstance(i, bool) or i not in (0, 1, 2, 3) for i in out_indices):
-            raise ValueError(f'out_indices must be pyramid levels in 0..3, got {out_indices!r}')
-        if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) or \
-                not -1 <= frozen_stages <= 3 + self.num_layers:
-            raise ValueError(f'frozen_stages must be an int in [-1, {3 + self.num_layers}] '
-                             f'(3 + num_layers), got {frozen_stages!r}')
-        self.out_indices = tuple(out_indices)
+        cnn_cfg = dict(stem_channels=stem_channels, depths=cnn_depths, channels=cnn_channels,
+                       drop_path_rate=cnn_drop_path_rate, eps=ws_eps, with_cp=with_cp)
+        # the trunk builds the embedding once in_channels and embed_dims are resolved
+        super().__init__(arch, img_size=img_size, patch_size=self.CNN_STRIDE,
+                         in_channels=in_channels, final_norm=final_norm, with_cp=with_cp,
+                         patch_embed=partial(HybridEmbed.build, **cnn_cfg), **vit_kwargs)
+        self.out_indices = resolve_indices(out_indices, 4, 'pyramid levels')
+        self.frozen_stages = check_int('frozen_stages', frozen_stages, -1, 3 + self.num_layers)
+        cnn, dims = self.patch_embed.backbone, self.embed_dims
         self.strides = (4, 8, 16, 32)
         native = [cnn.channels[0], cnn.channels[1], dims, dims]
         wanted = _level_channels(out_channels, native)
@@ -333,37 +307,27 @@ class HybridViT(VisionTransformerTrunk):
         self.level_projs = nn.ModuleList(projs)
         self.num_features = [c if w is None else w for c, w in zip(native, wanted)]
         self.downsample32 = MaxPool2dSame(kernel_size=2, stride=2)
-        self.frozen_stages = frozen_stages
         self._freeze_stages()
 
     # ------------------------------------------------------------------------------ modes
     def frozen_modules(self) -> List[nn.Module]:
-        """Modules frozen by ``frozen_stages`` (see the class docstring), input side first."""
-        # getattr: the trunk's constructor freezes before this class has set its attributes
-        f = getattr(self, 'frozen_stages', -1)
-        if f < 0:
+        """Modules frozen by ``frozen_stages`` (see the class docstring), input side first: the
+        CNN stem and stages, then (from 3 on) the trunk's embedding and blocks."""
+        if self.frozen_stages < 0:
             return []
         cnn = self.patch_embed.backbone
-        mods: List[nn.Module] = [cnn.stem] + list(cnn.stages[:min(f, 3)])
-        if f >= 3:
-            mods += [self.patch_embed.proj, self.drop_after_pos]
-            mods += list(self.blocks[:f - 3])
-            if f - 3 == self.num_layers and self.norm is not None:
-                mods.append(self.norm)
-        return mods
+        mods: List[nn.Module] = [cnn.stem] + list(cnn.stages[:min(self.frozen_stages, 3)])
+        return mods + self.trunk_frozen_modules(self.frozen_stages - 3)
 
     def frozen_parameters(self) -> List[nn.Parameter]:
-        if getattr(self, 'frozen_stages', -1) >= 3:
-            return [self.pos_embed, self.cls_token]
-        return []
+        return self.trunk_frozen_parameters(self.frozen_stages - 3)
 
     # ---------------------------------------------------------------------------- forward
     def forward_vit_input(self, x: torch.Tensor):
         """Run the front end: ``(cnn maps [s4, s8, s16], seq (B, 1 + h*w, C), grid)``; ``seq``
         is what the first ViT block receives (CLS + pos-embed added)."""
         feats = self.patch_embed.backbone(x)
-        tokens, grid = self.patch_embed.project(feats[-1])
-        seq, grid = self.embed_tokens(tokens, grid)
+        seq, grid = self.embed_tokens(*self.patch_embed.project(feats[-1]))
         return feats, seq, grid
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -377,10 +341,7 @@ class HybridViT(VisionTransformerTrunk):
         """
         check_image_input(x, self.in_channels, model=self)
         feats, seq, grid = self.forward_vit_input(x)
-        seq = self.forward_blocks(seq, grid)
-        if self.norm is not None:
-            seq = self.norm(seq)
-        vit_map = self.seq_to_map(seq, grid)
+        vit_map, = self.forward_intermediates(x, embedded=(seq, grid))
         levels = [feats[0], feats[1], vit_map]
         if 3 in self.out_indices:
             levels.append(self.downsample32(vit_map))
