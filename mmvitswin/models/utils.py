@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from ..compat import is_autocast_enabled
 from .layers.norm import build_act, build_layer_norm  # noqa: F401  (their home: layers/norm.py)
-from ..validate import (check_bool, check_choice, check_index, check_int,  # noqa: F401
+from ..validate import (check_args, check_bool, check_choice, check_index, check_int,  # noqa: F401
                         check_int_sequence, check_non_negative_int, check_optional_dict,
                         check_optional_str, check_positive_int, check_positive_number,
                         check_probability, int_tuple)

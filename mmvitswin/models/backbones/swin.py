@@ -15,8 +15,7 @@ from ...registry import MODELS
 from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA, build_act,
                       build_layer_norm, drop_path_schedule, resize_pos_embed, resolve_arch,
                       resolve_indices, to_tuple, validate_stages)
-from ..utils import (check_bool, check_image_input, check_int_sequence, check_optional_dict,
-                     check_positive_int, check_positive_number, check_probability)
+from ..utils import check_args, check_image_input, check_int_sequence, check_positive_int
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -109,6 +108,38 @@ def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size,
     return resolve_indices(out_indices, len(depths))
 
 
+def check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
+                    norm_cfg, init_cfg, **flags) -> None:
+    """The block arguments both Swin backbones (2-D and video) take, plus their bool
+    ``flags``: ValueError/TypeError naming the bad one."""
+    check_args(positive=dict(mlp_ratio=mlp_ratio), optional_positive=dict(qk_scale=qk_scale),
+               probabilities=dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                                  drop_path_rate=drop_path_rate),
+               flags=flags, cfgs=dict(act_cfg=act_cfg, norm_cfg=norm_cfg, init_cfg=init_cfg))
+
+
+def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
+                      window: Tuple[int, ...], mlp_ratio: float, drop_path_rate: float,
+                      norm_cfg: Optional[dict], channel_order: str = 'unfold',
+                      block_cls: type = SwinBlock, **block_kwargs) -> nn.ModuleList:
+    """The stage stack of a Swin (2-D or video): stage ``i`` has ``embed_dims * 2**i``
+    channels and ``depths[i]`` blocks (stochastic depth rising over all blocks), every stage
+    but the last ends in a 2x2 patch merging (``channel_order``: mmdet's ``'unfold'`` or
+    mmaction2's ``'microsoft'``) with a ``norm_cfg`` LayerNorm."""
+    rates = drop_path_schedule(drop_path_rate, depths)
+    stages = nn.ModuleList()
+    for i, depth in enumerate(depths):
+        dims = embed_dims * 2**i
+        downsample = None
+        if i < len(depths) - 1:
+            downsample = PatchMerging(dims, 2 * dims, channel_order=channel_order)
+            downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
+        stages.append(SwinStage(dims, num_heads[i], depth, window, mlp_ratio, rates[i],
+                                downsample=downsample, block_cls=block_cls, norm_cfg=norm_cfg,
+                                **block_kwargs))
+    return stages
+
+
 @MODELS.register_module()
 class SwinTransformer(TransformerBackbone):
     """Swin Transformer returning NCHW maps at strides 4/8/16/32 (for ``out_indices``).
@@ -161,19 +192,10 @@ class SwinTransformer(TransformerBackbone):
         check_int_sequence('strides', strides)
         window = to_tuple(window_size, 2, 'window_size')
         check_positive_int('in_channels', in_channels)
-        check_positive_number('mlp_ratio', mlp_ratio)
-        if qk_scale is not None:
-            check_positive_number('qk_scale', qk_scale)
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            check_probability(name, rate)
-        for name, flag in (('qkv_bias', qkv_bias), ('patch_norm', patch_norm),
-                           ('use_abs_pos_embed', use_abs_pos_embed), ('with_cp', with_cp),
-                           ('convert_weights', convert_weights)):
-            check_bool(name, flag)
-        check_optional_dict('act_cfg', act_cfg)
-        check_optional_dict('norm_cfg', norm_cfg)
-        check_optional_dict('init_cfg', init_cfg, allow_list=True)
+        check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
+                        norm_cfg, init_cfg, qkv_bias=qkv_bias, patch_norm=patch_norm,
+                        use_abs_pos_embed=use_abs_pos_embed, with_cp=with_cp,
+                        convert_weights=convert_weights)
         out_indices = validate_swin_config(embed_dims, depths, num_heads, patch_size, window,
                                            tuple(strides), out_indices, frozen_stages)
 
@@ -199,21 +221,11 @@ class SwinTransformer(TransformerBackbone):
                 torch.zeros(1, self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims))
         self.drop_after_pos = nn.Dropout(drop_rate)
 
-        rates = drop_path_schedule(drop_path_rate, depths)
-        block_kwargs = dict(qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
-                            attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, norm_cfg=norm_cfg,
-                            with_cp=with_cp)
-        self.stages = nn.ModuleList()
-        for i in range(self.num_layers):
-            dims = self.num_features[i]
-            downsample = None
-            if i < self.num_layers - 1:
-                downsample = PatchMerging(dims, 2 * dims, stride=strides[i + 1])
-                if norm_cfg is not None:
-                    downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
-            self.stages.append(
-                SwinStage(dims, num_heads[i], depths[i], window, mlp_ratio, rates[i],
-                          downsample=downsample, **block_kwargs))
+        self.stages = build_swin_stages(embed_dims, depths, num_heads, window, mlp_ratio,
+                                        drop_path_rate, norm_cfg, qkv_bias=qkv_bias,
+                                        qk_scale=qk_scale, drop_rate=drop_rate,
+                                        attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
+                                        with_cp=with_cp)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()

@@ -16,14 +16,13 @@ import torch
 import torch.nn as nn
 
 from ...registry import MODELS
-from ..layers import (DropPath, FcNamedFFN, PatchEmbed, PatchMerging, WindowAttention, build_act,
-                      build_layer_norm, drop_path_schedule, resolve_arch,
-                      resolve_indices, shifted_window_attention, to_tuple, validate_stages,
-                      window_and_shift)
+from ..layers import (DropPath, FcNamedFFN, PatchEmbed, WindowAttention, build_act,
+                      build_layer_norm, resolve_arch, resolve_indices, shifted_window_attention,
+                      to_tuple, validate_stages, window_and_shift)
 from .base import TransformerBackbone
-from ..utils import (check_bool, check_image_input, check_optional_dict, check_positive_int,
-                     check_positive_number, check_probability)
-from .swin import ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS, SwinBlock, SwinStage
+from ..utils import check_image_input, check_positive_int
+from .swin import (ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS, SwinBlock, build_swin_stages,
+                   check_swin_args)
 
 
 class SwinBlock3D(nn.Module):
@@ -132,19 +131,10 @@ class SwinTransformer3D(TransformerBackbone):
         num_heads = tuple(preset['num_heads'])
         out_indices = validate_swin3d_config(embed_dims, depths, num_heads, out_indices,
                                              frozen_stages, in_channels)
-        check_positive_number('mlp_ratio', mlp_ratio)
-        if qk_scale is not None:
-            check_positive_number('qk_scale', qk_scale)
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            check_probability(name, rate)
-        for name, flag in (('pretrained2d', pretrained2d), ('qkv_bias', qkv_bias),
-                           ('patch_norm', patch_norm), ('with_cp', with_cp),
-                           ('out_after_downsample', out_after_downsample)):
-            check_bool(name, flag)
-        check_optional_dict('act_cfg', act_cfg)
-        check_optional_dict('norm_cfg', norm_cfg)
-        check_optional_dict('init_cfg', init_cfg, allow_list=True)
+        check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
+                        norm_cfg, init_cfg, pretrained2d=pretrained2d, qkv_bias=qkv_bias,
+                        patch_norm=patch_norm, with_cp=with_cp,
+                        out_after_downsample=out_after_downsample)
         patch = to_tuple(patch_size, 3, 'patch_size')
         window = to_tuple(window_size, 3, 'window_size')
 
@@ -173,21 +163,14 @@ class SwinTransformer3D(TransformerBackbone):
             self.patch_embed.norm = build_layer_norm(norm_cfg, embed_dims)
         self.pos_drop = nn.Dropout(drop_rate)
 
-        rates = drop_path_schedule(drop_path_rate, depths)
-        block_kwargs = dict(qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
-                            attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, norm_cfg=norm_cfg,
-                            with_cp=with_cp)
-        self.layers = nn.ModuleList()
-        for i, dims in enumerate(stage_dims):
-            downsample = None
-            if i < self.num_layers - 1:
-                # Merges 2x2 over space only; the neighbour order is the one mmaction2 (and the
-                # Microsoft release it inflates) trained ``reduction`` with.
-                downsample = PatchMerging(dims, 2 * dims, channel_order='microsoft')
-                downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
-            self.layers.append(
-                SwinStage(dims, num_heads[i], depths[i], window, mlp_ratio, rates[i],
-                          downsample=downsample, block_cls=SwinBlock3D, **block_kwargs))
+        # Merges 2x2 over space only; the neighbour order is the one mmaction2 (and the
+        # Microsoft release it inflates) trained ``reduction`` with.
+        self.layers = build_swin_stages(embed_dims, depths, num_heads, window, mlp_ratio,
+                                        drop_path_rate, norm_cfg, channel_order='microsoft',
+                                        block_cls=SwinBlock3D, qkv_bias=qkv_bias,
+                                        qk_scale=qk_scale, drop_rate=drop_rate,
+                                        attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
+                                        with_cp=with_cp)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()

@@ -29,9 +29,8 @@ from ..layers import (FFN, Attention, ConvStem, DropPath, LayerNorm2d, PatchEmbe
                       resize_pos_embed, resize_rel_pos_1d, resolve_arch, resolve_indices,
                       to_tuple, window_partition, window_reverse)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
-from ..utils import (check_bool, check_choice, check_image_input, check_int, check_int_sequence,
-                     check_optional_dict, check_positive_int, check_positive_number,
-                     check_probability)
+from ..utils import (check_args, check_choice, check_image_input, check_int,
+                     check_int_sequence, check_optional_dict, check_positive_int)
 
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=192, num_layers=12, num_heads=3, feedforward_channels=768,
@@ -312,8 +311,13 @@ class VisionTransformerTrunk(TransformerBackbone):
                             ('num_heads', num_heads), ('patch_size', patch_size),
                             ('in_channels', in_channels)):
             check_positive_int(name, value)
-        if mlp_ratio is not None:
-            check_positive_number('mlp_ratio', mlp_ratio)
+        check_args(optional_positive=dict(mlp_ratio=mlp_ratio),
+                   probabilities=dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                                      drop_path_rate=drop_path_rate),
+                   flags=dict(qkv_bias=qkv_bias, with_cls_token=with_cls_token,
+                              patch_norm=patch_norm, patch_bias=patch_bias, pre_norm=pre_norm,
+                              final_norm=final_norm, use_rel_pos=use_rel_pos, with_cp=with_cp),
+                   cfgs=dict(norm_cfg=norm_cfg, act_cfg=act_cfg, init_cfg=init_cfg))
         ffn_dims = (preset['feedforward_channels'] * embed_dims // preset['embed_dims']
                     if mlp_ratio is None else int(mlp_ratio * embed_dims))
         if ffn_dims < 1:
@@ -322,18 +326,7 @@ class VisionTransformerTrunk(TransformerBackbone):
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
                              f'({num_heads})')
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            check_probability(name, rate)
-        for name, flag in (('qkv_bias', qkv_bias), ('with_cls_token', with_cls_token),
-                           ('patch_norm', patch_norm), ('patch_bias', patch_bias),
-                           ('pre_norm', pre_norm), ('final_norm', final_norm),
-                           ('use_rel_pos', use_rel_pos), ('with_cp', with_cp)):
-            check_bool(name, flag)
         check_choice('interpolate_mode', interpolate_mode, ('bicubic', 'bilinear'))
-        check_optional_dict('norm_cfg', norm_cfg)
-        check_optional_dict('act_cfg', act_cfg)
-        check_optional_dict('init_cfg', init_cfg, allow_list=True)
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
             raise ValueError(f'window_size must be an int >= 0 (0: global attention), got '
                              f'{window_size!r}')

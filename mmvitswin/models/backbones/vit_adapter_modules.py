@@ -56,8 +56,7 @@ from mmcv.ops import MultiScaleDeformableAttention
 
 from ..layers import DropPath, build_batch_norm, is_tracing
 from ..utils import check_image_input
-from ...validate import (check_bool, check_number, check_optional_dict, check_positive_int,
-                         check_positive_number, check_probability)
+from ...validate import check_args, check_number, check_positive_int
 
 HW = Tuple[int, int]
 # what the adapter uses of the trunk it drives (VisionTransformerTrunk provides it)
@@ -443,15 +442,13 @@ class InteractionAdapter(nn.Module):
                             ('in_channels', in_channels), ('conv_inplane', conv_inplane),
                             ('n_points', n_points)):
             check_positive_int(name, value)
-        check_positive_number('deform_ratio', deform_ratio)
-        if with_cffn:
-            check_positive_number('cffn_ratio', cffn_ratio)
-        check_probability('drop_path_rate', drop_path_rate)
-        for name, flag in (('with_cffn', with_cffn), ('add_vit_feature', add_vit_feature),
-                           ('use_extra_extractor', use_extra_extractor), ('with_cp', with_cp)):
-            check_bool(name, flag)
+        check_args(positive=dict(deform_ratio=deform_ratio),
+                   optional_positive=dict(cffn_ratio=cffn_ratio if with_cffn else None),
+                   probabilities=dict(drop_path_rate=drop_path_rate),
+                   flags=dict(with_cffn=with_cffn, add_vit_feature=add_vit_feature,
+                              use_extra_extractor=use_extra_extractor, with_cp=with_cp),
+                   cfgs=dict(norm_cfg=norm_cfg))
         check_number('init_values', init_values)
-        check_optional_dict('norm_cfg', norm_cfg)
         value_dims = int(embed_dims * deform_ratio)
         if embed_dims % num_heads or value_dims < num_heads or value_dims % num_heads:
             raise ValueError(f'embed_dims ({embed_dims}) and embed_dims * deform_ratio '

@@ -8,7 +8,7 @@
 - :func:`validate_stages`: the checks of a hierarchical (Swin-like) stage layout.
 - :func:`window_and_shift`: a block's window and cyclic shift as tuples, shift inside the window.
 """
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Sequence, Tuple
 
 from ...validate import check_int, check_int_sequence, check_positive_int
 from .ffn import drop_path_schedule
