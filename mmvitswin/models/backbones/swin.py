@@ -109,13 +109,18 @@ def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size,
 
 
 def check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
-                    norm_cfg, init_cfg, **flags) -> None:
-    """The block arguments both Swin backbones (2-D and video) take, plus their bool
-    ``flags``: ValueError/TypeError naming the bad one."""
+                    norm_cfg, init_cfg, qkv_bias, with_cp, **flags) -> dict:
+    """Check the block arguments both Swin backbones (2-D and video) take, plus their other
+    bool ``flags`` (ValueError/TypeError naming the bad one); return the block arguments as
+    the keyword arguments of :func:`build_swin_stages`."""
     check_args(positive=dict(mlp_ratio=mlp_ratio), optional_positive=dict(qk_scale=qk_scale),
                probabilities=dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                                   drop_path_rate=drop_path_rate),
-               flags=flags, cfgs=dict(act_cfg=act_cfg, norm_cfg=norm_cfg, init_cfg=init_cfg))
+               flags=dict(qkv_bias=qkv_bias, with_cp=with_cp, **flags),
+               cfgs=dict(act_cfg=act_cfg, norm_cfg=norm_cfg, init_cfg=init_cfg))
+    return dict(mlp_ratio=mlp_ratio, drop_path_rate=drop_path_rate, norm_cfg=norm_cfg,
+                qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
+                attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, with_cp=with_cp)
 
 
 def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
@@ -192,10 +197,11 @@ class SwinTransformer(TransformerBackbone):
         check_int_sequence('strides', strides)
         window = to_tuple(window_size, 2, 'window_size')
         check_positive_int('in_channels', in_channels)
-        check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
-                        norm_cfg, init_cfg, qkv_bias=qkv_bias, patch_norm=patch_norm,
-                        use_abs_pos_embed=use_abs_pos_embed, with_cp=with_cp,
-                        convert_weights=convert_weights)
+        stage_cfg = check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate,
+                                    drop_path_rate, act_cfg, norm_cfg, init_cfg, qkv_bias,
+                                    with_cp, patch_norm=patch_norm,
+                                    use_abs_pos_embed=use_abs_pos_embed,
+                                    convert_weights=convert_weights)
         out_indices = validate_swin_config(embed_dims, depths, num_heads, patch_size, window,
                                            tuple(strides), out_indices, frozen_stages)
 
@@ -221,11 +227,7 @@ class SwinTransformer(TransformerBackbone):
                 torch.zeros(1, self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims))
         self.drop_after_pos = nn.Dropout(drop_rate)
 
-        self.stages = build_swin_stages(embed_dims, depths, num_heads, window, mlp_ratio,
-                                        drop_path_rate, norm_cfg, qkv_bias=qkv_bias,
-                                        qk_scale=qk_scale, drop_rate=drop_rate,
-                                        attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
-                                        with_cp=with_cp)
+        self.stages = build_swin_stages(embed_dims, depths, num_heads, window, **stage_cfg)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()

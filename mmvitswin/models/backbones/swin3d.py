@@ -131,10 +131,10 @@ class SwinTransformer3D(TransformerBackbone):
         num_heads = tuple(preset['num_heads'])
         out_indices = validate_swin3d_config(embed_dims, depths, num_heads, out_indices,
                                              frozen_stages, in_channels)
-        check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
-                        norm_cfg, init_cfg, pretrained2d=pretrained2d, qkv_bias=qkv_bias,
-                        patch_norm=patch_norm, with_cp=with_cp,
-                        out_after_downsample=out_after_downsample)
+        stage_cfg = check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate,
+                                    drop_path_rate, act_cfg, norm_cfg, init_cfg, qkv_bias,
+                                    with_cp, pretrained2d=pretrained2d, patch_norm=patch_norm,
+                                    out_after_downsample=out_after_downsample)
         patch = to_tuple(patch_size, 3, 'patch_size')
         window = to_tuple(window_size, 3, 'window_size')
 
@@ -165,12 +165,9 @@ class SwinTransformer3D(TransformerBackbone):
 
         # Merges 2x2 over space only; the neighbour order is the one mmaction2 (and the
         # Microsoft release it inflates) trained ``reduction`` with.
-        self.layers = build_swin_stages(embed_dims, depths, num_heads, window, mlp_ratio,
-                                        drop_path_rate, norm_cfg, channel_order='microsoft',
-                                        block_cls=SwinBlock3D, qkv_bias=qkv_bias,
-                                        qk_scale=qk_scale, drop_rate=drop_rate,
-                                        attn_drop_rate=attn_drop_rate, act_cfg=act_cfg,
-                                        with_cp=with_cp)
+        self.layers = build_swin_stages(embed_dims, depths, num_heads, window,
+                                        channel_order='microsoft', block_cls=SwinBlock3D,
+                                        **stage_cfg)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()
