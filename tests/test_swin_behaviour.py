@@ -28,14 +28,19 @@ def test_any_size_follows_the_output_rule(hw):
 
 
 def test_arch_presets_and_overrides():
+    """The presets are read, not built: only the override case builds, at a small width."""
+    from mmvitswin.models.backbones.swin import ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS
+    from mmvitswin.models.layers import resolve_arch
     for arch, dims, depths, heads in [('tiny', 96, (2, 2, 6, 2), (3, 6, 12, 24)),
                                       ('small', 96, (2, 2, 18, 2), (3, 6, 12, 24)),
                                       ('base', 128, (2, 2, 18, 2), (4, 8, 16, 32)),
                                       ('large', 192, (2, 2, 18, 2), (6, 12, 24, 48))]:
-        m = SwinTransformer(arch=arch)
-        assert (m.num_features[0], m.depths, m.num_heads) == (dims, depths, heads)
+        for name in (arch, arch[0], arch.upper()):
+            preset = resolve_arch(name, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS)
+            assert (preset['embed_dims'], tuple(preset['depths']),
+                    tuple(preset['num_heads'])) == (dims, depths, heads)
     m = SwinTransformer(arch='base', depths=(1, 1, 1, 1), embed_dims=64, num_heads=(2, 4, 8, 16))
-    assert (m.num_features[0], m.depths) == (64, (1, 1, 1, 1))
+    assert (m.num_features[0], m.depths, m.num_heads) == (64, (1, 1, 1, 1), (2, 4, 8, 16))
     assert len(m.stages[2].blocks) == 1
 
 

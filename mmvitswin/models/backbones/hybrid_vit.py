@@ -348,18 +348,6 @@ class HybridViT(VisionTransformerTrunk):
         return tuple(self.level_projs[i](levels[i]) for i in self.out_indices)
 
     # ------------------------------------------------------------------------ checkpoints
-    def convert_checkpoint(self, state_dict):
-        """timm hybrid or our state dict -> this model's keys and sizes (used by init_cfg).
-
-        A timm (classification) file cannot hold the pyramid projections: they keep their
-        initialisation without being reported as missing, so the one warning lists only
-        surprises (and the unused classifier).
-        """
-        from ...checkpoint.hybrid_vit import adapt_hybrid_state_dict, convert_hybrid_state_dict
-        converted, fmt = convert_hybrid_state_dict(state_dict)
-        converted = adapt_hybrid_state_dict(converted, self)
-        if fmt == 'timm':
-            for key, value in self.state_dict().items():
-                if key.startswith('level_projs.'):
-                    converted.setdefault(key, value)
-        return converted
+    def checkpoint_family(self):
+        from ...checkpoint.hybrid_vit import HYBRID_CHECKPOINTS
+        return HYBRID_CHECKPOINTS

@@ -274,8 +274,6 @@ class SwinTransformer(TransformerBackbone):
         return tuple(outs)
 
     # ------------------------------------------------------------------------ checkpoints
-    def convert_checkpoint(self, state_dict):
-        """Any supported Swin state dict -> this model's keys and sizes (used by init_cfg)."""
-        from ...checkpoint.swin import adapt_swin_state_dict, convert_swin_state_dict
-        converted, _ = convert_swin_state_dict(state_dict)
-        return adapt_swin_state_dict(converted, self)
+    def checkpoint_family(self):
+        from ...checkpoint.swin import SWIN_CHECKPOINTS
+        return SWIN_CHECKPOINTS

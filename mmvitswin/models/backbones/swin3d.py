@@ -203,7 +203,6 @@ class SwinTransformer3D(TransformerBackbone):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     # ------------------------------------------------------------------------ checkpoints
-    def convert_checkpoint(self, state_dict):
-        """A video Swin or any supported 2-D Swin state dict -> this model's keys and sizes."""
-        from ...checkpoint.swin3d import convert_swin3d_state_dict
-        return convert_swin3d_state_dict(state_dict, self)
+    def checkpoint_family(self):
+        from ...checkpoint.swin3d import SWIN3D_CHECKPOINTS
+        return SWIN3D_CHECKPOINTS

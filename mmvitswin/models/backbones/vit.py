@@ -401,11 +401,9 @@ class VisionTransformerTrunk(TransformerBackbone):
     def _init_random(self) -> None:
         self.init_trunk_weights()
 
-    def convert_checkpoint(self, state_dict):
-        """Any supported ViT state dict -> this model's keys and sizes (used by init_cfg)."""
-        from ...checkpoint.vit import adapt_vit_state_dict, convert_vit_state_dict
-        converted, _ = convert_vit_state_dict(state_dict)
-        return adapt_vit_state_dict(converted, self)
+    def checkpoint_family(self):
+        from ...checkpoint.vit import VIT_CHECKPOINTS
+        return VIT_CHECKPOINTS
 
     # ------------------------------------------------------------------------ layer decay
     def get_layer_depth(self, param_name: str) -> int:
