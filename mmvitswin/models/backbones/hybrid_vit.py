@@ -218,13 +218,17 @@ def _level_channels(out_channels, native: Sequence[int]) -> List[Optional[int]]:
 class HybridViT(VisionTransformerTrunk):
     """Hybrid ResNetV2 + ViT ("R50+ViT-B/16") backbone returning a 4-level NCHW pyramid.
 
-    It *is* the shared ViT trunk (:class:`~mmvitswin.models.backbones.vit.VisionTransformerTrunk`)
-    with :class:`HybridEmbed` as its patch embedding, so the ViT part (CLS token, pos-embed
+    It is the shared ViT trunk (:class:`~mmvitswin.models.backbones.vit.VisionTransformerTrunk`)
+    with :class:`HybridEmbed` injected as its patch embedding (``patch_embed=HybridEmbed.build``,
+    built by the trunk once ``in_channels``/``embed_dims`` are resolved), so the ViT part (CLS token, pos-embed
     resizing, blocks, windowing, rel-pos, layer-decay depths) is the same code as ``ViTAdapter``.
     See the module docstring for the levels and sizes: for ``(B, C_in, H, W)`` level ``i``
     (stride ``s`` = 4, 8, 16, 32) is ``(B, C_i, ceil(H / s), ceil(W / s))`` for any H, W.
 
-    Args (the ViT ones are the trunk's; defaults give timm's ``vit_base_r50_s16_*``):
+    Args (the ViT ones, ``**vit_kwargs``, go to the trunk unchanged: ``embed_dims``,
+    ``num_layers``, ``num_heads``, ``mlp_ratio``, ``qkv_bias``, drop rates, ``norm_cfg``,
+    ``act_cfg``, ``interpolate_mode``, windowing, ``pretrained``, ``init_cfg``; defaults give
+    timm's ``vit_base_r50_s16_*``):
         arch: ViT preset ('tiny' | 'small' | 'base' | 'large' | dict); explicit ``embed_dims``/
             ``num_layers``/``num_heads``/``mlp_ratio`` override it.
         img_size: pretraining image size; ``pos_embed`` holds ``(img_size / 16)**2 + 1``
