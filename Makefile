@@ -2,7 +2,7 @@
 #   make install   .venv from nothing: torch ($(TORCH_SPEC)), mmcv $(MMCV_VERSION) compiled with ops, mmvitswin[tests]
 #   make demo      train + evaluate Mask R-CNN Swin on the generated "shapes" data
 #   make test      the whole pytest suite (what CI runs)
-#   make test-fast the edit loop, under a minute on 2 cores: pytest -m "not slow" (no
+#   make test-fast the edit loop: pytest -m "not slow" (no
 #                  subprocesses, training, benchmark tool or full-size reference parity;
 #                  the tiers are listed in tests/conftest.py)
 #   make bench     the standard speed/memory benchmark against mmdet's Swin
