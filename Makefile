@@ -2,7 +2,7 @@
 #   make install   .venv from nothing: torch ($(TORCH_SPEC)), mmcv $(MMCV_VERSION) compiled with ops, mmvitswin[tests]
 #   make demo      train + evaluate Mask R-CNN Swin on the generated "shapes" data
 #   make test      the whole pytest suite (what CI runs)
-#   make test-fast the edit loop: pytest -m "not slow" (no
+#   make test-fast the edit loop, under a minute on 2 cores: pytest -m "not slow" (no
 #                  subprocesses, training, benchmark tool or full-size reference parity;
 #                  the tiers are listed in tests/conftest.py)
 #   make bench     the standard speed/memory benchmark against mmdet's Swin
@@ -82,8 +82,9 @@ reinstall-mmcv:
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# One intra-op thread: the fast tier is many small ops (tests/conftest.py, MMVITSWIN_TEST_THREADS).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	MMVITSWIN_TEST_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" tests
 
 # Same rules as `install`, other venv/torch/python. PIP_CONSTRAINT replaces the machine-wide pip
 # constraint file (if any) for these pip calls only.

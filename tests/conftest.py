@@ -8,7 +8,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# MMVITSWIN_TEST_THREADS: intra-op threads for the tests (default up to 2). `make test-fast`
+# sets 1: its tests run thousands of small ops, where thread hand-offs cost more than they
+# gain (several times more on a machine whose cores are busy with other work).
+torch.set_num_threads(int(os.environ.get('MMVITSWIN_TEST_THREADS') or
+                          max(1, min(2, os.cpu_count() or 1))))
 
 
 @pytest.fixture(autouse=True)
