@@ -1,7 +1,10 @@
 # mmvitswin: one-command environment, demo, tests and benchmark.
 #   make install   .venv from nothing: torch ($(TORCH_SPEC)), mmcv $(MMCV_VERSION) compiled with ops, mmvitswin[tests]
 #   make demo      train + evaluate Mask R-CNN Swin on the generated "shapes" data
-#   make test      the whole pytest suite
+#   make test      the whole pytest suite (what CI runs)
+#   make test-fast the edit loop, under a minute on 2 cores: pytest -m "not slow" (no
+#                  subprocesses, training, benchmark tool or full-size reference parity;
+#                  the tiers are listed in tests/conftest.py)
 #   make bench     the standard speed/memory benchmark against mmdet's Swin
 #   make test-compat  the suite on the oldest tested stack: $(COMPAT_VENV) with $(COMPAT_TORCH_SPEC),
 #                  Python 3.8, numpy<2 and mmcv $(MMCV_VERSION) compiled against that torch
@@ -22,7 +25,7 @@ COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.8*/bin/python)
 # Pins applied to every pip call of the compat build (numpy<2: torch 2.1 was built against 1.x).
 COMPAT_CONSTRAINTS ?= $(CURDIR)/requirements/compat-constraints.txt
 
-.PHONY: install test demo bench clean reinstall-mmcv install-compat test-compat
+.PHONY: install test test-fast demo bench clean reinstall-mmcv install-compat test-compat
 
 install: $(STAMP)/package
 	@$(BIN)/python tools/check_mmcv_ops.py
@@ -78,6 +81,10 @@ reinstall-mmcv:
 
 test: install
 	$(BIN)/python -m pytest -q tests
+
+# One intra-op thread: the fast tier is many small ops (tests/conftest.py, MMVITSWIN_TEST_THREADS).
+test-fast: install
+	MMVITSWIN_TEST_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" tests
 
 # Same rules as `install`, other venv/torch/python. PIP_CONSTRAINT replaces the machine-wide pip
 # constraint file (if any) for these pip calls only.

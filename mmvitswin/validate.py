@@ -17,7 +17,7 @@ from typing import Any, Collection, Optional, Sequence, Tuple
 __all__ = [
     'check_int', 'check_positive_int', 'check_non_negative_int', 'check_number',
     'check_positive_number', 'check_probability', 'check_choice', 'check_bool', 'check_index',
-    'check_int_sequence', 'check_optional_str', 'check_optional_dict', 'int_tuple'
+    'check_int_sequence', 'check_optional_str', 'check_optional_dict', 'int_tuple', 'check_args'
 ]
 
 
@@ -49,23 +49,22 @@ def check_int(name: str, value: Any, low: Optional[int] = None, high: Optional[i
     return int(value)
 
 
+def _bounded_int(name: str, value: Any, low: int, kind: str, owner: Optional[str]) -> int:
+    if not _is_int(value):
+        raise TypeError(f'{_prefix(owner)}{name} must be a {kind} int, got {value!r}')
+    if value < low:
+        raise ValueError(f'{_prefix(owner)}{name} must be a {kind} int (>= {low}), got {value!r}')
+    return int(value)
+
+
 def check_positive_int(name: str, value: Any, owner: Optional[str] = None) -> int:
     """Sizes and counts: an int >= 1."""
-    if not _is_int(value):
-        raise TypeError(f'{_prefix(owner)}{name} must be a positive int, got {value!r}')
-    if value < 1:
-        raise ValueError(f'{_prefix(owner)}{name} must be a positive int (>= 1), got {value!r}')
-    return int(value)
+    return _bounded_int(name, value, 1, 'positive', owner)
 
 
 def check_non_negative_int(name: str, value: Any, owner: Optional[str] = None) -> int:
     """Counts that may be zero: an int >= 0."""
-    if not _is_int(value):
-        raise TypeError(f'{_prefix(owner)}{name} must be a non-negative int, got {value!r}')
-    if value < 0:
-        raise ValueError(f'{_prefix(owner)}{name} must be a non-negative int (>= 0), got '
-                         f'{value!r}')
-    return int(value)
+    return _bounded_int(name, value, 0, 'non-negative', owner)
 
 
 def check_number(name: str, value: Any, owner: Optional[str] = None) -> float:
@@ -187,3 +186,22 @@ def check_optional_dict(name: str, value: Any, owner: Optional[str] = None,
     what = 'a dict, a list of dicts or None' if allow_list else 'a dict or None'
     raise TypeError(f'{_prefix(owner)}{name} must be {what}, got {type(value).__name__} '
                     f'{value!r}')
+
+
+def check_args(positive: Optional[dict] = None, optional_positive: Optional[dict] = None,
+               probabilities: Optional[dict] = None, flags: Optional[dict] = None,
+               cfgs: Optional[dict] = None, owner: Optional[str] = None) -> None:
+    """The common constructor checks in one call, each a ``{name: value}`` dict: ``positive``
+    numbers, ``optional_positive`` ones (``None`` allowed: no override), ``probabilities``,
+    bool ``flags`` and optional config dicts ``cfgs`` (``init_cfg`` may also be a list)."""
+    for name, value in (positive or {}).items():
+        check_positive_number(name, value, owner)
+    for name, value in (optional_positive or {}).items():
+        if value is not None:
+            check_positive_number(name, value, owner)
+    for name, value in (probabilities or {}).items():
+        check_probability(name, value, owner)
+    for name, value in (flags or {}).items():
+        check_bool(name, value, owner)
+    for name, value in (cfgs or {}).items():
+        check_optional_dict(name, value, owner, allow_list=name == 'init_cfg')

@@ -8,7 +8,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# MMVITSWIN_TEST_THREADS: intra-op threads for the tests (default up to 2). `make test-fast`
+# sets 1: its tests run thousands of small ops, where thread hand-offs cost more than they
+# gain (several times more on a machine whose cores are busy with other work).
+torch.set_num_threads(int(os.environ.get('MMVITSWIN_TEST_THREADS') or
+                          max(1, min(2, os.cpu_count() or 1))))
 
 
 @pytest.fixture(autouse=True)
@@ -50,3 +54,67 @@ def pytest_runtest_setup(item):
         skip = requires_torch(*mark.args, **mark.kwargs)
         if skip.args[0]:
             pytest.skip(skip.kwargs['reason'])
+
+
+# ------------------------------------------------------------------------------ test tiers
+# `make test` runs everything CI needs; `make test-fast` (pytest -m "not slow") is the
+# sub-minute edit loop. A test is slow when it starts other processes (tools, training,
+# distributed launches), runs the benchmark tool, trains, or builds a full-size reference
+# model to compare against. Tests that only read structure build small widths instead.
+# Marked here, by node-id prefix, so the tiers are reviewed in one place; a test may also
+# carry @pytest.mark.slow itself.
+SLOW_TESTS = {
+    # subprocesses: tools, fresh interpreters, training and distributed runs
+    'tests/test_benchmark_tool.py': 'runs tools/benchmark.py (the benchmark tool)',
+    'tests/test_demo_tools.py': 'runs tools/demo.py, visualize.py, make_shapes.py',
+    'tests/test_train_tools.py': 'trains/tests through tools/*.py, also two gloo processes',
+    'tests/test_registry.py::test_swin_type_builds_our_class': 'a fresh interpreter per case',
+    'tests/test_amp_runner.py::test_train_amp_on_cpu_runs_bf16_through_the_runner':
+        'tools/train.py in a subprocess',
+    'tests/test_amp_runner.py::test_test_amp_evaluates_in_bf16': 'tools/test.py in a subprocess',
+    'tests/test_compat.py::test_import_in_fresh_interpreter_has_no_version_errors':
+        'a fresh interpreter',
+    'tests/test_foundation.py::test_check_script': 'tools/check_mmcv_ops.py in a subprocess',
+    'tests/test_swin_checkpoint.py::test_convert_checkpoint_tool':
+        'tools/convert_checkpoint.py in subprocesses',
+    # training steps, memory probes, whole detectors
+    'tests/test_deploy_paths.py::test_held_memory_does_not_depend_on_batch_or_on_sizes_seen':
+        'repeated training steps at several batch sizes',
+    'tests/test_deploy_paths.py::test_amp_train_step_has_finite_grads':
+        'training steps in fp32 and bf16 for every backbone',
+    'tests/test_vit_behaviour.py::test_demo_mask_rcnn_trains_one_step':
+        'a training step of a whole Mask R-CNN',
+    'tests/test_configs.py::test_config_builds_and_predicts':
+        'builds and runs the whole detector/segmentor of every config',
+    'tests/test_swin_detector.py': 'whole Mask R-CNN against mmdet',
+    # reference parity at full size (mmdet, mmseg, mmaction2 models built side by side)
+    'tests/test_swin_parity.py': 'full-size parity with mmdet/mmseg (forward and gradients)',
+    'tests/test_vit_parity.py': 'parity with mmseg ViT-B widths',
+    'tests/test_swin3d.py::test_outputs_match_mmaction2': 'Video Swin-T parity with mmaction2',
+    'tests/test_swin_behaviour.py::test_frozen_stages_match_mmdet_definition':
+        'mmdet Swin-T built side by side',
+    'tests/test_swin_checkpoint.py::test_microsoft_format_matches_mmdet_converter':
+        'full Swin-T files through mmdet\'s converter, outputs compared',
+    'tests/test_swin_checkpoint.py::test_wrappers_and_timm_layout_load_exactly':
+        'full Swin-T files in five wrappings, outputs compared with mmdet\'s',
+    'tests/test_swin_checkpoint.py::test_window_7_to_12_resizes_tables':
+        'full Swin-T files resized, outputs compared',
+    'tests/test_swin_checkpoint.py::test_abs_pos_embed_resized_on_load': 'full Swin-T files',
+    'tests/test_swin_checkpoint.py::test_equal_window_loading_changes_nothing':
+        'full Swin-T files, outputs compared with mmdet\'s',
+    # checkpointing / statelessness checks that need several full forward-backward passes
+    'tests/test_swin_behaviour.py::test_with_cp_gives_the_same_gradients':
+        'Swin-T forward-backward with and without activation checkpointing',
+    'tests/test_swin_behaviour.py::test_no_state_is_kept_between_calls':
+        'Swin-T at many sizes, twice',
+    'tests/test_vit_adapter_modules.py::test_with_cp_gives_same_values_and_grads':
+        'forward-backward with and without activation checkpointing',
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for prefix, reason in SLOW_TESTS.items():
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.slow(reason=reason))
+                break

@@ -80,7 +80,7 @@ def _check_groups(optimizer, model, depth_of, num_layers):
 
 
 def test_vit_b_every_group_lr():
-    model = Detector(ViTAdapter('base'))
+    model = Detector(ViTAdapter('base', embed_dims=48, num_heads=3))  # ViT-B depth, small width
     opt = _build(model, 12)
     seen = _check_groups(opt, model, vit_depth, 12)
     assert len(seen) == len(list(model.parameters()))

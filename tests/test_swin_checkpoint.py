@@ -160,13 +160,16 @@ def test_abs_pos_embed_resized_on_load(tmp_path):
 
 
 def test_different_architecture_raises(tmp_path):
-    small = SwinTransformer(arch='small')
-    path = tmp_path / 'small.pth'
-    torch.save(small.state_dict(), path)
+    """Only the keys' structure is read: a Swin-T state dict edited into a Swin-S (18 blocks
+    in stage 2) and a Swin-B (width 128) stands in for the real, large files."""
+    tiny = SwinTransformer(arch='tiny').state_dict()
+    path = tmp_path / 'other.pth'
+    small = dict(tiny, **{'stages.2.blocks.17.norm1.weight': torch.ones(384)})
+    torch.save(small, path)
     with pytest.raises(ValueError, match=r'depths=\(2, 2, 18, 2\).*depths=\(2, 2, 6, 2\)'):
         _load_via_init_cfg(path)
-    base = SwinTransformer(arch='base')
-    torch.save(base.state_dict(), path)
+    base = dict(tiny, **{'patch_embed.projection.weight': torch.zeros(128, 3, 4, 4)})
+    torch.save(base, path)
     with pytest.raises(ValueError, match='embed_dims=128.*embed_dims=96'):
         _load_via_init_cfg(path)
 

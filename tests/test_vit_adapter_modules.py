@@ -73,20 +73,32 @@ def make_msda(dims, heads, levels, points, ratio=1.0):
 
 
 class StandInTrunk(nn.Module):
-    """Two pre-norm attention blocks; ``run`` has the ``run_blocks`` signature and records calls."""
+    """The trunk protocol the adapter drives, around two pre-norm attention blocks: the
+    "embedding" returns the tokens a test sets (``trunk.tokens``, CLS-free unless
+    ``num_prefix_tokens``), ``forward_blocks`` records its calls."""
 
-    def __init__(self, dims=DIMS, depth=2):
+    def __init__(self, dims=DIMS, depth=2, num_prefix_tokens=0):
         super().__init__()
+        self.num_prefix_tokens = num_prefix_tokens
         self.norms = nn.ModuleList([nn.LayerNorm(dims) for _ in range(depth)])
         self.blocks = nn.ModuleList([Attention(dims, 4) for _ in range(depth)])
         self.calls, self.inputs = [], []
+        self.tokens = None
 
-    def run(self, x, start, end, hw):
+    def prepare_tokens(self, img):
+        return self.tokens, (img.shape[-2] // 16, img.shape[-1] // 16)
+
+    def forward_blocks(self, x, hw, start, end):
         self.calls.append((start, end, tuple(hw)))
         self.inputs.append(x)
         for i in range(start, end):
             x = x + self.blocks[i](self.norms[i](x))
         return x
+
+
+def run(adapter, img, tokens, trunk):
+    trunk.tokens = tokens
+    return adapter(img, trunk)
 
 
 def make_adapter(**kwargs):
@@ -190,7 +202,7 @@ def test_pyramid_shapes_and_block_schedule(size, out_channels):
     trunk = StandInTrunk()
     adapter = make_adapter(out_channels=out_channels)
     img, tokens, hw = inputs_for(h, w, b=2 if h < 160 else 1)
-    outs = adapter(img, tokens, hw, trunk.run)
+    outs = run(adapter, img, tokens, trunk)
     c = out_channels or DIMS
     assert [tuple(o.shape) for o in outs] == [
         (img.shape[0], c, h // s, w // s) for s in (4, 8, 16, 32)]
@@ -202,7 +214,7 @@ def test_backward_reaches_spm_and_tokens():
     trunk = StandInTrunk()
     adapter = make_adapter()
     img, tokens, hw = inputs_for(64, 96)
-    outs = adapter(img, tokens, hw, trunk.run)
+    outs = run(adapter, img, tokens, trunk)
     # a random projection: sum(o ** 2) would be constant under train-mode BatchNorm
     sum((o * torch.randn_like(o)).sum() for o in outs).backward()
     for name, p in adapter.spm.named_parameters():
@@ -220,12 +232,12 @@ def test_injector_zero_init_leaves_tokens_unchanged():
     trunk = StandInTrunk()
     adapter = make_adapter()
     img, tokens, hw = inputs_for(64, 96)
-    adapter(img, tokens, hw, trunk.run)
+    run(adapter, img, tokens, trunk)
     assert torch.equal(trunk.inputs[0], tokens)
     with torch.no_grad():
         adapter.interactions[0].injector.gamma.fill_(1.)
     trunk.inputs.clear()
-    adapter(img, tokens, hw, trunk.run)
+    run(adapter, img, tokens, trunk)
     assert not torch.allclose(trunk.inputs[0], tokens, atol=1e-3)
 
 
@@ -243,7 +255,7 @@ def test_output_head_composition():
     adapter.interactions[-1].register_forward_hook(lambda m, a, out: seen.update(x=out[0],
                                                                                  c=out[1]))
     with torch.no_grad():
-        outs = adapter(img, tokens, hw, trunk.run)
+        outs = run(adapter, img, tokens, trunk)
         shapes = [(12, 20), (6, 10), (3, 5)]
         c2, c3, c4 = tokens_to_maps(seen['c'], shapes)
         vit = seen['x'].transpose(1, 2).reshape(1, DIMS, *hw)
@@ -265,7 +277,7 @@ def test_with_cp_gives_same_values_and_grads():
     for model in (plain, ckpt):
         tokens = torch.randn(2, 24, DIMS, generator=torch.Generator().manual_seed(1),
                              requires_grad=True)
-        outs = model(img, tokens, hw, trunk.run)
+        outs = run(model, img, tokens, trunk)
         sum(o.sum() * (i + 1) for i, o in enumerate(outs)).backward()
         results.append((outs, model.spm.stem[0].weight.grad.clone(), tokens.grad))
     for a, b in zip(results[0][0], results[1][0]):
@@ -298,21 +310,38 @@ def test_forward_errors_name_the_argument():
     adapter = make_adapter()
     img, tokens, hw = inputs_for(64, 96)
     with pytest.raises(ValueError, match='img'):  # W = 80 is not a multiple of 32
-        adapter(torch.randn(2, 3, 64, 80), tokens[:, :20], (4, 5), trunk.run)
+        run(adapter, torch.randn(2, 3, 64, 80), tokens[:, :20], trunk)
     with pytest.raises(TypeError, match='img'):
-        adapter(img.long(), tokens, hw, trunk.run)
+        run(adapter, img.long(), tokens, trunk)
     with pytest.raises(ValueError, match='img'):
-        adapter(img[:, :1], tokens, hw, trunk.run)
-    with pytest.raises(ValueError, match='grid_hw'):
-        adapter(img, tokens, (6, 4), trunk.run)
-    with pytest.raises(ValueError, match='tokens'):  # CLS token left in
-        adapter(img, torch.cat([tokens[:, :1], tokens], 1), hw, trunk.run)
+        run(adapter, img[:, :1], tokens, trunk)
+    with pytest.raises(TypeError, match='trunk'):
+        adapter(img, None)
+    with pytest.raises(ValueError, match='tokens'):  # a CLS token the trunk does not declare
+        run(adapter, img, torch.cat([tokens[:, :1], tokens], 1), trunk)
     with pytest.raises(ValueError, match='tokens'):
-        adapter(img, tokens[..., :16], hw, trunk.run)
-    with pytest.raises(TypeError, match='run_blocks'):
-        adapter(img, tokens, hw, None)
-    with pytest.raises(ValueError, match='run_blocks'):
-        adapter(img, tokens, hw, lambda x, s, e, g: x[:, 1:])
+        run(adapter, img, tokens[..., :16], trunk)
+
+
+def test_prefix_tokens_go_through_the_blocks_but_not_the_adapter():
+    """A CLS token declared by the trunk reaches every group of blocks (updated by the
+    previous one) and never the injector/extractor: the result equals the CLS-free run when
+    the blocks treat tokens independently."""
+    img, tokens, _ = inputs_for(64, 96)
+    cls = torch.randn(2, 1, DIMS)
+    plain, with_cls = StandInTrunk(), StandInTrunk(num_prefix_tokens=1)
+    for trunk in (plain, with_cls):  # per-token blocks: CLS cannot change the patch tokens
+        trunk.blocks = nn.ModuleList([nn.Linear(DIMS, DIMS) for _ in range(2)])
+    with_cls.load_state_dict(plain.state_dict())
+    adapter = make_adapter().eval()
+    with torch.no_grad():
+        want = run(adapter, img, tokens, plain)
+        got = run(adapter, img, torch.cat([cls, tokens], 1), with_cls)
+    assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want))
+    first, second = with_cls.inputs
+    assert torch.equal(first[:, :1], cls)
+    expected_cls = cls + with_cls.blocks[0](with_cls.norms[0](cls))
+    assert torch.allclose(second[:, :1], expected_cls, atol=1e-6)
 
 
 @pytest.mark.parametrize('kwargs,name', [

@@ -1,11 +1,12 @@
-from .loading import (CheckpointError, CheckpointNotFoundError, LoadReport,
-                      check_checkpoint_file, load_checkpoint_file, load_pretrained,
-                      load_state_dict_reported, unwrap_state_dict)
+from .loading import (DERIVED_KEYS, CheckpointError, CheckpointFamily, CheckpointNotFoundError,
+                      LoadReport, check_checkpoint_file, fit_checkpoint, load_checkpoint_file,
+                      load_pretrained, load_state_dict_reported, unwrap_state_dict)
 from .swin import (adapt_swin_state_dict, convert_swin_state_dict, detect_swin_format,
                    unfold_order_from_microsoft)
 
 __all__ = [
-    'CheckpointError', 'CheckpointNotFoundError', 'check_checkpoint_file',
+    'DERIVED_KEYS', 'CheckpointFamily', 'fit_checkpoint', 'CheckpointError',
+    'CheckpointNotFoundError', 'check_checkpoint_file',
     'LoadReport', 'load_checkpoint_file', 'load_pretrained', 'load_state_dict_reported',
     'unwrap_state_dict', 'adapt_swin_state_dict', 'convert_swin_state_dict',
     'detect_swin_format', 'unfold_order_from_microsoft'

@@ -19,8 +19,9 @@ import re
 from collections import OrderedDict
 from typing import Tuple
 
-from .loading import StateDict
-from .vit import adapt_vit_state_dict, convert_vit_state_dict, detect_vit_format
+from .loading import StateDict, fit_checkpoint
+from .vit import (VIT_CHECKPOINTS, convert_vit_state_dict, detect_vit_format, vit_arch_of,
+                  vit_model_arch)
 
 CNN_PREFIX = 'patch_embed.backbone.'
 
@@ -62,12 +63,24 @@ def hybrid_cnn_depths(sd: StateDict) -> Tuple[int, ...]:
     return tuple(depths.get(s, 0) for s in range(max(depths) + 1)) if depths else ()
 
 
+def hybrid_arch_of(sd: StateDict) -> dict:
+    """Bottlenecks per CNN stage, then the ViT fields, of a state dict in our layout."""
+    return dict(cnn_depths=hybrid_cnn_depths(sd) or None, **vit_arch_of(sd))
+
+
+def hybrid_model_arch(model) -> dict:
+    return dict(cnn_depths=tuple(model.patch_embed.backbone.depths), **vit_model_arch(model))
+
+
+# The ViT family's rules (pos-embed, rel-pos tables) with the hybrid's layout and probe. A timm
+# (classification) file cannot hold the pyramid projections: they keep their initialisation
+# without being reported missing, so the one warning lists only surprises.
+HYBRID_CHECKPOINTS = VIT_CHECKPOINTS._replace(
+    name='hybrid ResNet+ViT', convert=convert_hybrid_state_dict, probe=hybrid_arch_of,
+    model_probe=hybrid_model_arch, keep_initialised={'timm': r'level_projs\.'})
+
+
 def adapt_hybrid_state_dict(sd: StateDict, model) -> StateDict:
-    """Fit a converted state dict to a ``HybridViT``: refuse a different CNN (clear message
-    instead of a list of missing keys), then the ViT checks and pos-embed resizing."""
-    depths = hybrid_cnn_depths(sd)
-    want = tuple(model.patch_embed.backbone.depths)
-    if depths and depths != want:
-        raise ValueError(f'checkpoint has a CNN front end with cnn_depths={depths}, but this '
-                         f'model has cnn_depths={want}')
-    return adapt_vit_state_dict(sd, model)
+    """Fit a state dict (timm's hybrid or ours) to a ``HybridViT``: refuse a different CNN
+    (clear message instead of a list of missing keys), then the ViT checks and resizing."""
+    return fit_checkpoint(HYBRID_CHECKPOINTS, sd, model)

@@ -1,19 +1,21 @@
 """Reading checkpoint files, unwrapping their containers, and loading into a backbone.
 
-Format-specific key conversion lives beside this file (``swin.py``, ...): pure functions from a
-state dict to a state dict in our layout. This module does the generic part: find the state dict
-inside whatever container was saved, hand it to the backbone's converter, resize what the
-backbone knows how to resize, refuse an architecture mismatch, and report every key that still
-does not match in **one** warning.
+Each checkpoint family is described as data beside this file (``swin.py``, ``swin3d.py``,
+``vit.py``, ``hybrid_vit.py``: a :class:`CheckpointFamily` each). This module is the one engine
+that runs them (:func:`fit_checkpoint`: detect, convert, drop derived keys, probe the
+architecture, resize, fit) and does the generic part: find the state dict inside whatever
+container was saved, hand it to the backbone's ``convert_checkpoint``, refuse shape mismatches
+and report every key that still does not match in **one** warning.
 """
 import os
 import os.path as osp
 import pickle
 import pickletools
+import re
 import warnings
 import zipfile
 from collections import OrderedDict
-from typing import Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -21,6 +23,9 @@ import torch.nn as nn
 StateDict = Dict[str, torch.Tensor]
 _CONTAINER_KEYS = ('state_dict', 'model', 'module', 'model_state', 'state_dict_ema')
 _URL_PREFIXES = ('http://', 'https://')
+# Tensors a model derives from its config (window gather indices, shift masks, log-spaced
+# coordinate tables): rebuilt by the model, never taken from a file.
+DERIVED_KEYS = ('relative_position_index', 'attn_mask', 'relative_coords_table')
 LOCAL_COPY_HINT = ('--cfg-options model.backbone.init_cfg.checkpoint=/path/to/local/copy.pth')
 
 
@@ -214,17 +219,89 @@ def _has_tensors(d: dict) -> bool:
     return any(isinstance(v, torch.Tensor) for v in d.values())
 
 
+# ------------------------------------------------------------------- checkpoint families
+class CheckpointFamily(NamedTuple):
+    """What one model family's checkpoints look like, as data (see each family's module:
+    ``checkpoint/swin.py``, ``swin3d.py``, ``vit.py``, ``hybrid_vit.py``); run by
+    :func:`fit_checkpoint`.
+
+    - ``name``: how errors name the family ('Swin', 'ViT', ...).
+    - ``convert(sd) -> (sd, format)``: detect the layout (ValueError when it is none of the
+      family's) and rename keys / transform tensors to ours.
+    - ``transform(sd, format, model) -> sd``: the conversions that need the model's config
+      (video inflation of image weights); None: none.
+    - ``probe(sd) -> {field: value}``: the architecture the converted keys reveal (None:
+      unknown); ``model_probe(model)`` the same fields of the model. A difference is refused.
+    - ``resize``: ``(key regex, fn(key, value, own, model) -> tensor)`` rules applied to each
+      key whose shape differs from the model's tensor ``own`` (position tables, kernels).
+    - ``fit(sd, model) -> sd``: the family's whole-dict fitting (None: none), after ``resize``.
+    - ``derived``: key suffixes the model rebuilds itself (``relative_position_index``): never
+      taken from a file, always the model's own values.
+    - ``keep_initialised``: ``{format: key regex}``: model keys a file of that format cannot
+      hold (new heads); they keep their initialisation without being reported missing.
+    - ``drop_mismatched``: key regex of tensors left initialised (reported missing) when their
+      shape does not fit, instead of refusing the file.
+    """
+    name: str
+    convert: Callable[[StateDict], Tuple[StateDict, str]]
+    probe: Callable[[StateDict], Dict[str, object]]
+    model_probe: Callable[[nn.Module], Dict[str, object]]
+    resize: Tuple[Tuple[str, Callable], ...] = ()
+    transform: Optional[Callable[[StateDict, str, nn.Module], StateDict]] = None
+    fit: Optional[Callable[[StateDict, nn.Module], StateDict]] = None
+    derived: Tuple[str, ...] = DERIVED_KEYS
+    keep_initialised: Dict[str, str] = {}
+    drop_mismatched: Optional[str] = None
+
+
+def fit_checkpoint(family: CheckpointFamily, sd: StateDict, model: nn.Module) -> StateDict:
+    """Any state dict of ``family`` -> ``model``'s keys and sizes: detect, convert, drop
+    derived keys, check the architecture, resize, fit, then the model's own derived tensors.
+    ValueError (naming the field or key) when the file belongs to another architecture."""
+    sd, fmt = family.convert(sd)
+    if family.transform is not None:
+        sd = family.transform(sd, fmt, model)
+    sd = OrderedDict((k, v) for k, v in sd.items() if not k.endswith(family.derived))
+    have, want = family.probe(sd), family.model_probe(model)
+    for field, value in have.items():
+        if value is not None and value != want[field]:
+            raise ValueError(f'checkpoint is a {family.name} with {field}={value}, but this '
+                             f'model has {field}={want[field]}')
+    own = model.state_dict()
+    for key, value in list(sd.items()):
+        if key not in own or own[key].shape == value.shape:
+            continue
+        if family.drop_mismatched and re.fullmatch(family.drop_mismatched, key):
+            del sd[key]
+            continue
+        for pattern, resize in family.resize:
+            if re.search(pattern, key):
+                sd[key] = resize(key, value, own[key], model)
+                break
+    if family.fit is not None:
+        sd = family.fit(sd, model)
+    for key, value in own.items():
+        if key.endswith(family.derived):
+            sd[key] = value
+    keep = family.keep_initialised.get(fmt)
+    if keep:
+        for key, value in own.items():
+            if re.match(keep, key):
+                sd.setdefault(key, value)
+    return sd
+
+
 def load_state_dict_reported(model: nn.Module, state_dict: StateDict,
                              source: str = 'checkpoint') -> LoadReport:
     """Load a converted state dict; refuse shape mismatches; warn once about leftover keys.
 
-    Derived buffers that the model rebuilds itself (``relative_position_index``) never count
-    as missing.
+    Derived buffers that the model rebuilds itself (:data:`DERIVED_KEYS`) never count as
+    missing.
     """
     own = model.state_dict()
     state_dict = OrderedDict(state_dict)
     for k in own:  # derived buffers are rebuilt by the model, never taken from a file
-        if k.endswith('relative_position_index'):
+        if k.endswith(DERIVED_KEYS):
             state_dict[k] = own[k]
     bad = [f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}'
            for k, v in state_dict.items() if k in own and own[k].shape != v.shape]

@@ -1,4 +1,4 @@
-"""Swin checkpoint formats -> mmvitswin/mmdet layout.
+"""Swin checkpoint formats -> mmvitswin/mmdet layout: the ``SWIN_CHECKPOINTS`` family.
 
 Formats (detected from the keys, no flag needed):
 
@@ -16,7 +16,7 @@ from typing import Dict, Tuple
 import torch
 
 from ..models.layers import relative_position_index, resize_pos_embed, resize_rel_pos_table
-from .loading import StateDict
+from .loading import DERIVED_KEYS, CheckpointFamily, StateDict, fit_checkpoint
 
 _BLOCK_RENAMES = (
     ('attn.qkv.', 'attn.w_msa.qkv.'),
@@ -25,7 +25,6 @@ _BLOCK_RENAMES = (
     ('mlp.fc1.', 'ffn.layers.0.0.'),
     ('mlp.fc2.', 'ffn.layers.1.'),
 )
-_DROPPED = re.compile(r'(attn_mask|relative_position_index|relative_coords_table)$')
 
 
 def detect_swin_format(sd: StateDict) -> str:
@@ -66,7 +65,7 @@ def convert_swin_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
         return OrderedDict(sd), fmt
     out = OrderedDict()
     for key, value in sd.items():
-        if _DROPPED.search(key):
+        if key.endswith(DERIVED_KEYS):
             continue
         m = re.match(r'layers\.(\d+)\.(.*)', key)
         if m is None:
@@ -84,7 +83,8 @@ def convert_swin_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
             rest = rest.replace(old, new)
         out[f'stages.{stage}.{rest}'] = value
         if rest.endswith('relative_position_bias_table'):
-            # mmdet/mmseg save the derived index too; rebuild it so the result loads strictly
+            # mmdet/mmseg save the derived index too: a converted file (no model to take it
+            # from, tools/convert_checkpoint.py) carries it so it loads strictly there
             side = (int(round(value.shape[0]**0.5)) + 1) // 2
             index_key = f'stages.{stage}.{rest[:-len("bias_table")]}index'
             out[index_key] = relative_position_index((side, side))
@@ -94,7 +94,7 @@ def convert_swin_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
 def swin_arch_of(sd: StateDict, stage_key: str = 'stages',
                  embed_key: str = 'patch_embed.projection.weight') -> Dict[str, object]:
     """embed_dims and blocks per stage of a Swin state dict whose blocks are named
-    ``{stage_key}.{s}.blocks.{b}.*`` (``layers`` for the video Swin)."""
+    ``{stage_key}.{s}.blocks.{b}.*`` (``layers`` for the video Swin); None where unknown."""
     depths: Dict[int, int] = {}
     for k in sd:
         m = re.match(rf'{stage_key}\.(\d+)\.blocks\.(\d+)\.', k)
@@ -103,39 +103,45 @@ def swin_arch_of(sd: StateDict, stage_key: str = 'stages',
             depths[s] = max(depths.get(s, 0), b + 1)
     w = sd.get(embed_key)
     return dict(embed_dims=None if w is None else w.shape[0],
-                depths=tuple(depths.get(s, 0) for s in range(max(depths) + 1)) if depths else ())
+                depths=tuple(depths.get(s, 0) for s in range(max(depths) + 1)) if depths else None)
+
+
+def swin_model_arch(model) -> Dict[str, object]:
+    """The probe's fields of a Swin model (2-D or video)."""
+    return dict(embed_dims=model.arch_settings['embed_dims'], depths=tuple(model.depths))
+
+
+def resize_bias_table(key: str, value: torch.Tensor, own: torch.Tensor, model,
+                      source_window=None) -> torch.Tensor:
+    """A relative-position bias table ``(rows, heads)`` resized to the model's window; the
+    table's own window comes from ``source_window(rows, key)`` (square 2-D by default)."""
+    if value.shape[1] != own.shape[1]:
+        raise ValueError(f'{key}: checkpoint has {value.shape[1]} heads, model has '
+                         f'{own.shape[1]}')
+    side = int(round(value.shape[0]**0.5))
+    src = ((side + 1) // 2, ) * 2 if source_window is None else source_window(value.shape[0],
+                                                                              key)
+    return resize_rel_pos_table(value, src, model.window_size)
+
+
+def _resize_abs_pos_embed(key: str, value: torch.Tensor, own: torch.Tensor, model):
+    if value.dim() == 4:  # (1, C, H, W) as some mmdet releases stored it
+        src = tuple(value.shape[2:])
+        value = value.flatten(2).transpose(1, 2)
+    else:
+        side = int(round(value.shape[1]**0.5))
+        src = (side, side)
+    return resize_pos_embed(value, src, model.pretrain_grid)
+
+
+SWIN_CHECKPOINTS = CheckpointFamily(
+    'Swin', convert_swin_state_dict, swin_arch_of, swin_model_arch,
+    resize=((r'relative_position_bias_table$', resize_bias_table),
+            (r'^absolute_pos_embed$', _resize_abs_pos_embed)))
 
 
 def adapt_swin_state_dict(sd: StateDict, model) -> StateDict:
-    """Fit a converted state dict to ``model``: check the architecture, resize the relative
-    position tables (window change) and the absolute position embedding (pretrain size)."""
-    arch = swin_arch_of(sd)
-    want_dims = model.num_features[0]
-    if arch['embed_dims'] is not None and arch['embed_dims'] != want_dims:
-        raise ValueError(f'checkpoint is a Swin with embed_dims={arch["embed_dims"]}, but this '
-                         f'model has embed_dims={want_dims}')
-    if arch['depths'] and tuple(arch['depths']) != tuple(model.depths):
-        raise ValueError(f'checkpoint is a Swin with depths={tuple(arch["depths"])}, but this '
-                         f'model has depths={tuple(model.depths)}')
-    own = model.state_dict()
-    out = OrderedDict(sd)
-    for key, value in sd.items():
-        if key.endswith('relative_position_index') and key in own:
-            out[key] = own[key]  # derived from the model's window, never from the file
-        elif key.endswith('relative_position_bias_table') and key in own:
-            rows, heads = own[key].shape
-            if value.shape[1] != heads:
-                raise ValueError(f'{key}: checkpoint has {value.shape[1]} heads, model has {heads}')
-            if value.shape[0] != rows:
-                side = int(round(value.shape[0]**0.5))
-                src = ((side + 1) // 2, ) * 2
-                out[key] = resize_rel_pos_table(value, src, model.window_size)
-        elif key == 'absolute_pos_embed' and key in own:
-            if value.dim() == 4:  # (1, C, H, W) as some mmdet releases stored it
-                src = tuple(value.shape[2:])
-                value = value.flatten(2).transpose(1, 2)
-            else:
-                side = int(round(value.shape[1]**0.5))
-                src = (side, side)
-            out[key] = resize_pos_embed(value, src, model.pretrain_grid)
-    return out
+    """Fit a state dict (any supported Swin layout) to ``model``: the architecture check, the
+    relative position tables (window change) and the absolute position embedding (pretrain
+    size) resized (:data:`SWIN_CHECKPOINTS` run by :func:`~.loading.fit_checkpoint`)."""
+    return fit_checkpoint(SWIN_CHECKPOINTS, sd, model)

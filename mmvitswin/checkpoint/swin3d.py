@@ -19,11 +19,10 @@ from typing import Sequence, Tuple
 import torch
 
 from ..models.layers import resize_rel_pos_table
-from .loading import StateDict
-from .swin import convert_swin_state_dict, swin_arch_of
+from .loading import DERIVED_KEYS, CheckpointFamily, StateDict, fit_checkpoint
+from .swin import convert_swin_state_dict, resize_bias_table, swin_arch_of, swin_model_arch
 
 _PATCH_KEYS = ('patch_embed.proj.weight', 'patch_embed.projection.weight')
-_DERIVED = re.compile(r'(attn_mask|relative_position_index|relative_coords_table)$')
 _BLOCK_RENAMES = (
     ('attn.w_msa.', 'attn.'),
     ('ffn.layers.0.0.', 'mlp.fc1.'),
@@ -77,7 +76,7 @@ def inflate_swin2d_state_dict(sd: StateDict, temporal_patch: int, window: Sequen
     wt, wh, ww = window
     out = OrderedDict()
     for key, value in converted.items():
-        if _DERIVED.search(key):
+        if key.endswith(DERIVED_KEYS):
             continue
         if key in ('patch_embed.projection.weight', 'patch_embed.projection.bias'):
             if value.dim() == 4:
@@ -129,39 +128,33 @@ def swin3d_arch_of(sd: StateDict) -> dict:
     return swin_arch_of(sd, stage_key='layers', embed_key='patch_embed.proj.weight')
 
 
-def convert_swin3d_state_dict(sd: StateDict, model) -> StateDict:
-    """Any supported Swin state dict -> ``model``'s (a ``SwinTransformer3D``) keys and sizes.
+def _detect(sd: StateDict) -> Tuple[StateDict, str]:
+    return sd, detect_swin3d_format(sd)  # video files are already our layout
 
-    Detects video vs image checkpoints, inflates the latter, checks the architecture and
-    resizes relative-position tables to the model's window.
-    """
-    fmt = detect_swin3d_format(sd)
-    if fmt == 'image':
-        sd = inflate_swin2d_state_dict(sd, model.patch_size[0], model.window_size,
-                                       model.num_layers)
-    else:
-        sd = OrderedDict((k, v) for k, v in sd.items() if not _DERIVED.search(k))
-    arch = swin3d_arch_of(sd)
-    if arch['embed_dims'] is not None and arch['embed_dims'] != model.embed_dims:
-        raise ValueError(f'checkpoint is a Swin with embed_dims={arch["embed_dims"]}, but this '
-                         f'model has embed_dims={model.embed_dims}')
-    if arch['depths'] and tuple(arch['depths']) != tuple(model.depths):
-        raise ValueError(f'checkpoint is a Swin with depths={tuple(arch["depths"])}, but this '
-                         f'model has depths={tuple(model.depths)}')
-    own = model.state_dict()
-    for key, value in list(sd.items()):
-        if re.fullmatch(r'norm\d+\.(weight|bias)', key) and key in own and (
-                value.shape != own[key].shape):
-            # Per-stage norms of a 2-D mmdet checkpoint do not fit out_after_downsample=True
-            # (its outputs have twice the channels): leave them initialised, reported missing.
-            del sd[key]
-            continue
-        if not key.endswith('relative_position_bias_table') or key not in own:
-            continue
-        rows, heads = own[key].shape
-        if value.shape[1] != heads:
-            raise ValueError(f'{key}: checkpoint has {value.shape[1]} heads, model has {heads}')
-        if value.shape[0] != rows:
-            src = _source_window_3d(value.shape[0], model.window_size, key)
-            sd[key] = resize_rel_pos_table(value, src, model.window_size)
-    return sd
+
+def _inflate_images(sd: StateDict, fmt: str, model) -> StateDict:
+    """Image (2-D) files inflated to the model's temporal patch, window and depth."""
+    if fmt != 'image':
+        return sd
+    return inflate_swin2d_state_dict(sd, model.patch_size[0], model.window_size,
+                                     model.num_layers)
+
+
+def _resize_table_3d(key: str, value: torch.Tensor, own: torch.Tensor, model) -> torch.Tensor:
+    return resize_bias_table(key, value, own, model, lambda rows, name: _source_window_3d(
+        rows, model.window_size, name))
+
+
+SWIN3D_CHECKPOINTS = CheckpointFamily(
+    'Swin', _detect, swin3d_arch_of, swin_model_arch, transform=_inflate_images,
+    resize=((r'relative_position_bias_table$', _resize_table_3d), ),
+    # Per-stage norms of a 2-D mmdet checkpoint do not fit out_after_downsample=True (its
+    # outputs have twice the channels): left initialised, reported missing.
+    drop_mismatched=r'norm\d+\.(weight|bias)')
+
+
+def convert_swin3d_state_dict(sd: StateDict, model) -> StateDict:
+    """Any supported Swin state dict -> ``model``'s (a ``SwinTransformer3D``) keys and sizes:
+    video vs image detected, images inflated, the architecture checked, tables resized
+    (:data:`SWIN3D_CHECKPOINTS` run by :func:`~.loading.fit_checkpoint`)."""
+    return fit_checkpoint(SWIN3D_CHECKPOINTS, sd, model)

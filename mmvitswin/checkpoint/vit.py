@@ -15,7 +15,8 @@ Formats (detected from the keys, no flag needed):
 - ``mmpretrain``: mmpretrain ``VisionTransformer`` (``layers.N.attn.qkv``, ``ln1/ln2``,
   ``ffn.layers.*``, final ``ln1``, pre-norm ``pre_norm``).
 
-Fitting to a model (:func:`adapt_vit_state_dict`): the pos-embed grid is resized bicubically
+The family (``VIT_CHECKPOINTS``, run by :func:`~.loading.fit_checkpoint`) fits a file to a model
+(:func:`adapt_vit_state_dict`): the pos-embed grid is resized bicubically
 with the CLS entry kept apart, the patch-embedding kernel is resampled to the model's patch
 size (pseudo-inverse of the bicubic resize, FlexiViT's rule, so a resized image through the new
 kernel gives the old tokens) and ViTDet's decomposed relative-position tables are resized
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.layers import ConvStem, grid_size, resize_pos_embed, resize_rel_pos_1d
-from .loading import StateDict
+from .loading import CheckpointFamily, StateDict, fit_checkpoint
 
 _TIMM_BLOCK = (('mlp.fc1.', 'ffn.layers.0.0.'), ('mlp.fc2.', 'ffn.layers.1.'))
 _MM_BLOCK = (
@@ -139,23 +140,28 @@ def convert_vit_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
 
 
 def vit_arch_of(sd: StateDict) -> dict:
-    """embed_dims and number of blocks of a state dict in our layout."""
+    """embed_dims and number of blocks of a state dict in our layout (None where unknown)."""
     blocks = {int(m.group(1)) for k in sd for m in [re.match(r'blocks\.(\d+)\.', k)] if m}
     w = sd.get('patch_embed.proj.weight')
     return dict(embed_dims=None if w is None else w.shape[0],
                 num_layers=max(blocks) + 1 if blocks else None)
 
 
-def adapt_vit_state_dict(sd: StateDict, model) -> StateDict:
-    """Fit a converted state dict to ``model`` (a ``VisionTransformerTrunk``): check the
-    architecture, resize pos-embed, patch kernel and decomposed rel-pos tables."""
-    arch = vit_arch_of(sd)
-    if arch['embed_dims'] is not None and arch['embed_dims'] != model.embed_dims:
-        raise ValueError(f'checkpoint is a ViT with embed_dims={arch["embed_dims"]}, but this '
-                         f'model has embed_dims={model.embed_dims}')
-    if arch['num_layers'] is not None and arch['num_layers'] != model.num_layers:
-        raise ValueError(f'checkpoint is a ViT with {arch["num_layers"]} blocks, but this model '
-                         f'has num_layers={model.num_layers}')
+def vit_model_arch(model) -> dict:
+    """The probe's fields of a ViT trunk (or a builder on one)."""
+    return dict(embed_dims=model.embed_dims, num_layers=model.num_layers)
+
+
+def _resize_rel_pos(key: str, value: torch.Tensor, own: torch.Tensor, model) -> torch.Tensor:
+    if value.shape[1] != own.shape[1]:
+        raise ValueError(f'{key}: checkpoint head_dim {value.shape[1]} vs model {own.shape[1]}')
+    return resize_rel_pos_1d(value, own.shape[0])
+
+
+def fit_vit_embeddings(sd: StateDict, model) -> StateDict:
+    """The ViT family's whole-dict fitting: pos-embed grid resized (CLS entry kept apart), the
+    patch kernel resampled to the model's patch size, a patchify kernel left out of a
+    conv-stem model (with a warning)."""
     own = model.state_dict()
     out = OrderedDict(sd)
     pos = sd.get('pos_embed')
@@ -175,13 +181,19 @@ def adapt_vit_state_dict(sd: StateDict, model) -> StateDict:
                       stacklevel=2)
     elif kernel is not None and target is not None and kernel.shape[-2:] != target.shape[-2:]:
         out['patch_embed.proj.weight'] = resample_patch_kernel(kernel, target.shape[-2:])
-    for key, value in sd.items():
-        if re.search(r'attn\.rel_pos_[hw]$', key) and key in own:
-            if value.shape[1] != own[key].shape[1]:
-                raise ValueError(f'{key}: checkpoint head_dim {value.shape[1]} vs model '
-                                 f'{own[key].shape[1]}')
-            out[key] = resize_rel_pos_1d(value, own[key].shape[0])
     return out
+
+
+VIT_CHECKPOINTS = CheckpointFamily(
+    'ViT', convert_vit_state_dict, vit_arch_of, vit_model_arch,
+    resize=((r'attn\.rel_pos_[hw]$', _resize_rel_pos), ), fit=fit_vit_embeddings)
+
+
+def adapt_vit_state_dict(sd: StateDict, model) -> StateDict:
+    """Fit a state dict (any supported ViT layout) to ``model`` (a ``VisionTransformerTrunk``):
+    the architecture check, pos-embed, patch kernel and decomposed rel-pos tables resized
+    (:data:`VIT_CHECKPOINTS` run by :func:`~.loading.fit_checkpoint`)."""
+    return fit_checkpoint(VIT_CHECKPOINTS, sd, model)
 
 
 def _fit_pos_embed(pos: torch.Tensor, own: torch.Tensor, dst_grid, prefix: int,

@@ -1,47 +1,19 @@
-"""Small helpers shared by the backbones: config-driven layers and input checks.
+"""Small helpers shared by the backbones: input checks and dtype probes.
 
-The argument validators (``check_positive_int`` & co.) live in :mod:`mmvitswin.validate`
-and are re-exported here."""
+The config-driven layers (``build_act``, ``build_layer_norm``) live in
+:mod:`mmvitswin.models.layers.norm`, the argument validators (``check_positive_int`` & co.) in
+:mod:`mmvitswin.validate`; both are re-exported here."""
 from typing import Optional
 
 import torch
 import torch.nn as nn
 
 from ..compat import is_autocast_enabled
-from ..validate import (check_bool, check_choice, check_index, check_int,  # noqa: F401
+from .layers.norm import build_act, build_layer_norm  # noqa: F401  (their home: layers/norm.py)
+from ..validate import (check_args, check_bool, check_choice, check_index, check_int,  # noqa: F401
                         check_int_sequence, check_non_negative_int, check_optional_dict,
                         check_optional_str, check_positive_int, check_positive_number,
                         check_probability, int_tuple)
-
-_ACTS = {'GELU': nn.GELU, 'ReLU': nn.ReLU, 'SiLU': nn.SiLU, 'Swish': nn.SiLU}
-
-
-def build_act(act_cfg: Optional[dict]):
-    """Activation class (a zero-arg factory) from an OpenMMLab ``act_cfg`` dict."""
-    if act_cfg is None:
-        return nn.GELU
-    if not isinstance(act_cfg, dict) or 'type' not in act_cfg:
-        raise TypeError(f"act_cfg must be a dict with a 'type' key, got {act_cfg!r}")
-    name = act_cfg['type']
-    if name not in _ACTS:
-        raise ValueError(f'act_cfg type must be one of {sorted(_ACTS)}, got {name!r}')
-    kwargs = {k: v for k, v in act_cfg.items() if k != 'type'}
-    return lambda: _ACTS[name](**kwargs)
-
-
-def build_layer_norm(norm_cfg: Optional[dict], dims: int) -> nn.LayerNorm:
-    """LayerNorm from an OpenMMLab ``norm_cfg`` (``type='LN'``, optional ``eps``,
-    ``requires_grad``); the transformer backbones support LayerNorm only."""
-    cfg = dict(type='LN') if norm_cfg is None else dict(norm_cfg)
-    if cfg.pop('type', None) not in ('LN', 'LayerNorm'):
-        raise ValueError(f"norm_cfg type must be 'LN', got {norm_cfg!r}")
-    requires_grad = check_bool('norm_cfg.requires_grad', cfg.pop('requires_grad', True))
-    norm = nn.LayerNorm(dims, eps=check_positive_number('norm_cfg.eps', cfg.pop('eps', 1e-5)))
-    if cfg:
-        raise ValueError(f'norm_cfg has unsupported keys {sorted(cfg)}')
-    for p in norm.parameters():
-        p.requires_grad = requires_grad
-    return norm
 
 
 def autocast_active(device_type: str) -> bool:

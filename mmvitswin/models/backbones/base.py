@@ -37,8 +37,8 @@ class TransformerBackbone(BaseModule):
     """Base of our backbones.
 
     - ``init_weights()``: ``init_cfg=dict(type='Pretrained', checkpoint=...)`` goes through
-      :func:`mmvitswin.checkpoint.load_pretrained` (format auto-detection via the subclass's
-      ``convert_checkpoint``); no ``init_cfg`` re-runs the subclass's ``_init_random``; any other
+      :func:`mmvitswin.checkpoint.load_pretrained` (format auto-detection by the subclass's
+      ``checkpoint_family()``, run by ``convert_checkpoint``); no ``init_cfg`` re-runs the subclass's ``_init_random``; any other
       ``init_cfg`` is MMEngine's.
     - ``train(mode)`` returns ``self`` and keeps what ``frozen_modules()`` /
       ``frozen_parameters()`` name frozen: no grad, and modules stay in eval mode.
@@ -46,6 +46,20 @@ class TransformerBackbone(BaseModule):
 
     def _init_random(self) -> None:
         init_linear_and_norm(self.modules())
+
+    def checkpoint_family(self):
+        """The :class:`~mmvitswin.checkpoint.loading.CheckpointFamily` describing this
+        backbone's checkpoints (None: ``Pretrained`` loads keys as they are)."""
+        return None
+
+    def convert_checkpoint(self, state_dict):
+        """Any state dict of this backbone's family -> its keys and sizes (used by init_cfg,
+        tools/convert_checkpoint.py): the family run by the one engine."""
+        family = self.checkpoint_family()
+        if family is None:
+            return state_dict
+        from ...checkpoint.loading import fit_checkpoint
+        return fit_checkpoint(family, state_dict, self)
 
     def init_weights(self) -> None:
         cfg = self.init_cfg

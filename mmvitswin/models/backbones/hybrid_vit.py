@@ -27,7 +27,8 @@ by ``(w - mean_o) / sqrt(var_o + eps)`` with the *biased* variance over ``in/gro
 and ``eps = 1e-8`` -- the value timm's R50 hybrid (``vit_base_r50_s16_*``) uses, so its
 weights reproduce its features; timm's generic ``StdConv2d`` default is 1e-6.
 """
-from typing import List, Optional, Sequence, Tuple, Union
+from functools import partial
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -35,110 +36,13 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import DropPath, ceil_div, is_tracing, to_tuple
-from ..utils import (check_bool, check_image_input, check_int_sequence, check_positive_int,
-                     check_positive_number, check_probability)
+from ..layers import (DropPath, MaxPool2dSame, StdConv2d, drop_path_schedule,  # noqa: F401
+                      group_norm, resolve_indices, same_padding)
+from ..utils import (check_bool, check_image_input, check_int, check_int_sequence,
+                     check_positive_int, check_positive_number, check_probability)
 from .vit import VisionTransformerTrunk
 
-IntPair = Union[int, Tuple[int, int]]
-
-
-# ----------------------------------------------------------------------------- functions
-def standardize_weight(weight: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Weight standardisation: zero mean, unit (biased) variance per output channel.
-
-    weight: (out, in / groups, kh, kw) -> same shape; differentiable (the gradient flows
-    through the mean and the variance, as in training with weight standardisation).
-    """
-    flat = weight.reshape(weight.shape[0], -1)
-    var, mean = torch.var_mean(flat, dim=1, correction=0, keepdim=True)
-    return ((flat - mean) * torch.rsqrt(var + eps)).reshape_as(weight)
-
-
-def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> Tuple[int, int]:
-    """TensorFlow 'SAME' padding ``(before, after)`` for one axis.
-
-    The output has ``ceil(size / stride)`` cells; when the total padding is odd the extra cell
-    goes *after* (bottom/right). That asymmetry is what the ported Google hybrid weights were
-    trained with; a symmetric PyTorch padding would move the sampling grid off theirs.
-    """
-    out = ceil_div(size, stride)
-    # torch.sym_max: no branch on the size while tracing (it is plain max() on ints)
-    total = torch.sym_max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
-    return total // 2, total - total // 2
-
-
-def pad_same(x: torch.Tensor, kernel: Tuple[int, int], stride: Tuple[int, int],
-             dilation: Tuple[int, int] = (1, 1), value: float = 0.) -> torch.Tensor:
-    """Pad ``x: (B, C, H, W)`` for a TF 'SAME' window op (see :func:`same_padding`)."""
-    top, bottom = same_padding(x.shape[-2], kernel[0], stride[0], dilation[0])
-    left, right = same_padding(x.shape[-1], kernel[1], stride[1], dilation[1])
-    if is_tracing() or top or bottom or left or right:
-        x = F.pad(x, (left, right, top, bottom), value=value)
-    return x
-
-
 # -------------------------------------------------------------------------------- layers
-class StdConv2d(nn.Conv2d):
-    """``nn.Conv2d`` whose kernel is standardised (:func:`standardize_weight`) on every call.
-
-    ``padding='same'``: TensorFlow 'SAME' padding computed from the input size (asymmetric when
-    needed); a static symmetric padding is used when it is exactly equivalent (stride 1, odd
-    effective kernel). An int/tuple ``padding`` behaves as in ``nn.Conv2d``.
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntPair,
-                 stride: IntPair = 1, padding: Union[str, IntPair] = 'same',
-                 dilation: IntPair = 1, groups: int = 1, bias: bool = False,
-                 eps: float = 1e-8):
-        kernel_t = to_tuple(kernel_size, 2, 'kernel_size')
-        stride_t = to_tuple(stride, 2, 'stride')
-        dilation_t = to_tuple(dilation, 2, 'dilation')
-        if isinstance(padding, str):
-            if padding.lower() != 'same':
-                raise ValueError(f"padding must be 'same' or an int/tuple, got {padding!r}")
-            static = all(s == 1 and (d * (k - 1)) % 2 == 0
-                         for k, s, d in zip(kernel_t, stride_t, dilation_t))
-            padding = tuple(d * (k - 1) // 2 for k, d in zip(kernel_t, dilation_t)) \
-                if static else 0
-            dynamic = not static
-        else:
-            dynamic = False
-        if eps <= 0:
-            raise ValueError(f'eps must be positive, got {eps}')
-        super().__init__(in_channels, out_channels, kernel_t, stride=stride_t, padding=padding,
-                         dilation=dilation_t, groups=groups, bias=bias)
-        self.dynamic_same = dynamic
-        self.eps = float(eps)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dynamic_same:
-            x = pad_same(x, self.kernel_size, self.stride, self.dilation)
-        return F.conv2d(x, standardize_weight(self.weight, self.eps), self.bias, self.stride,
-                        self.padding, self.dilation, self.groups)
-
-    def extra_repr(self) -> str:
-        same = ', padding=same(dynamic)' if self.dynamic_same else ''
-        return super().extra_repr() + same + f', eps={self.eps}'
-
-
-class MaxPool2dSame(nn.MaxPool2d):
-    """Max pooling with TF 'SAME' padding (pads with -inf, so padding never wins the max)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k, s = to_tuple(self.kernel_size, 2, 'kernel_size'), to_tuple(self.stride, 2, 'stride')
-        x = pad_same(x, k, s, value=float('-inf'))
-        return F.max_pool2d(x, k, s, 0, self.dilation, self.ceil_mode)
-
-
-def group_norm(channels: int, num_groups: int = 32, eps: float = 1e-5) -> nn.GroupNorm:
-    """GroupNorm(32) as everywhere in the front end (eps 1e-5, timm's GroupNormAct default)."""
-    if channels % num_groups:
-        raise ValueError(f'GroupNorm with {num_groups} groups needs channels divisible by '
-                         f'{num_groups}, got {channels}')
-    return nn.GroupNorm(num_groups, channels, eps=eps)
-
-
 class Downsample(nn.Module):
     """Projection shortcut: strided 1x1 StdConv + GroupNorm (no activation)."""
 
@@ -246,15 +150,14 @@ class ResNetV2FrontEnd(nn.Module):
         self.depths = tuple(depths)
         self.channels = tuple(channels)
         self.stem = ResNetStem(in_channels, stem_channels, eps=eps)
-        total = sum(depths)
-        rates = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
+        rates = drop_path_schedule(drop_path_rate, depths)
         self.stages = nn.Sequential()
-        prev, start = stem_channels, 0
+        prev = stem_channels
         for i, (d, c) in enumerate(zip(depths, channels)):
             self.stages.add_module(str(i), ResNetStage(
-                prev, c, d, stride=1 if i == 0 else 2, drop_path_rates=rates[start:start + d],
-                eps=eps, with_cp=with_cp))
-            prev, start = c, start + d
+                prev, c, d, stride=1 if i == 0 else 2, drop_path_rates=rates[i], eps=eps,
+                with_cp=with_cp))
+            prev = c
 
     @property
     def stride(self) -> int:
@@ -292,6 +195,12 @@ class HybridEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         return self.project(self.backbone(x)[-1])
 
+    @classmethod
+    def build(cls, in_channels: int, embed_dims: int, **cnn_cfg) -> 'HybridEmbed':
+        """The factory the trunk calls (``patch_embed=partial(HybridEmbed.build, ...)``):
+        a :class:`ResNetV2FrontEnd` of ``cnn_cfg`` and the projection to ``embed_dims``."""
+        return cls(ResNetV2FrontEnd(in_channels, **cnn_cfg), embed_dims)
+
 
 def _level_channels(out_channels, native: Sequence[int]) -> List[Optional[int]]:
     """``out_channels`` (None, int, or 4 entries of int/None) -> one entry per level."""
@@ -309,13 +218,17 @@ def _level_channels(out_channels, native: Sequence[int]) -> List[Optional[int]]:
 class HybridViT(VisionTransformerTrunk):
     """Hybrid ResNetV2 + ViT ("R50+ViT-B/16") backbone returning a 4-level NCHW pyramid.
 
-    It *is* the shared ViT trunk (:class:`~mmvitswin.models.backbones.vit.VisionTransformerTrunk`)
-    with :class:`HybridEmbed` as its patch embedding, so the ViT part (CLS token, pos-embed
+    It is the shared ViT trunk (:class:`~mmvitswin.models.backbones.vit.VisionTransformerTrunk`)
+    with :class:`HybridEmbed` injected as its patch embedding (``patch_embed=HybridEmbed.build``,
+    built by the trunk once ``in_channels``/``embed_dims`` are resolved), so the ViT part (CLS token, pos-embed
     resizing, blocks, windowing, rel-pos, layer-decay depths) is the same code as ``ViTAdapter``.
     See the module docstring for the levels and sizes: for ``(B, C_in, H, W)`` level ``i``
     (stride ``s`` = 4, 8, 16, 32) is ``(B, C_i, ceil(H / s), ceil(W / s))`` for any H, W.
 
-    Args (the ViT ones are the trunk's; defaults give timm's ``vit_base_r50_s16_*``):
+    Args (the ViT ones, ``**vit_kwargs``, go to the trunk unchanged: ``embed_dims``,
+    ``num_layers``, ``num_heads``, ``mlp_ratio``, ``qkv_bias``, drop rates, ``norm_cfg``,
+    ``act_cfg``, ``interpolate_mode``, windowing, ``pretrained``, ``init_cfg``; defaults give
+    timm's ``vit_base_r50_s16_*``):
         arch: ViT preset ('tiny' | 'small' | 'base' | 'large' | dict); explicit ``embed_dims``/
             ``num_layers``/``num_heads``/``mlp_ratio`` override it.
         img_size: pretraining image size; ``pos_embed`` holds ``(img_size / 16)**2 + 1``
@@ -345,10 +258,6 @@ class HybridViT(VisionTransformerTrunk):
                  arch='base',
                  img_size=224,
                  in_channels: int = 3,
-                 embed_dims: Optional[int] = None,
-                 num_layers: Optional[int] = None,
-                 num_heads: Optional[int] = None,
-                 mlp_ratio: Optional[float] = None,
                  cnn_depths: Sequence[int] = (3, 4, 9),
                  cnn_channels: Sequence[int] = (256, 512, 1024),
                  stem_channels: int = 64,
@@ -356,60 +265,31 @@ class HybridViT(VisionTransformerTrunk):
                  out_channels=None,
                  out_norm: bool = True,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
-                 qkv_bias: bool = True,
-                 drop_rate: float = 0.,
-                 attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.,
                  cnn_drop_path_rate: float = 0.,
-                 norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
-                 act_cfg: Optional[dict] = dict(type='GELU'),
                  final_norm: bool = True,
-                 interpolate_mode: str = 'bicubic',
-                 window_size: int = 0,
-                 global_attn_indexes: Optional[Sequence[int]] = None,
-                 use_rel_pos: bool = False,
                  with_cp: bool = False,
                  frozen_stages: int = -1,
-                 pretrained: Optional[str] = None,
-                 init_cfg=None):
+                 **vit_kwargs):
         cnn_depths = check_int_sequence('cnn_depths', cnn_depths)
         cnn_channels = check_int_sequence('cnn_channels', cnn_channels)
         if len(cnn_depths) != 3 or len(cnn_channels) != 3:
             raise ValueError(f'cnn_depths and cnn_channels need 3 stages (strides 4, 8, 16), got '
                              f'{tuple(cnn_depths)} and {tuple(cnn_channels)}')
-        check_positive_int('in_channels', in_channels)
         if check_positive_int('stem_channels', stem_channels) % 32:
             raise ValueError(f'stem_channels must be a multiple of 32 (GroupNorm(32) follows the '
                              f'stem conv), got {stem_channels!r}')
         check_positive_number('ws_eps', ws_eps)
         check_probability('cnn_drop_path_rate', cnn_drop_path_rate)
         check_bool('out_norm', out_norm)
-        preset = VisionTransformerTrunk._resolve_arch(arch)
-        dims = preset['embed_dims'] if embed_dims is None else embed_dims
-        check_positive_int('embed_dims', dims)
-        cnn = ResNetV2FrontEnd(in_channels, stem_channels, cnn_depths, cnn_channels,
-                               drop_path_rate=cnn_drop_path_rate, eps=ws_eps, with_cp=with_cp)
-        super().__init__(
-            arch, img_size=img_size, patch_size=self.CNN_STRIDE, in_channels=in_channels,
-            embed_dims=dims, num_layers=num_layers, num_heads=num_heads, mlp_ratio=mlp_ratio,
-            out_indices=-1, qkv_bias=qkv_bias, drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, with_cls_token=True,
-            norm_cfg=norm_cfg, act_cfg=act_cfg, pre_norm=False, final_norm=final_norm,
-            interpolate_mode=interpolate_mode, window_size=window_size,
-            global_attn_indexes=global_attn_indexes, use_rel_pos=use_rel_pos, with_cp=with_cp,
-            frozen_stages=-1, patch_embed=HybridEmbed(cnn, dims), pretrained=pretrained,
-            init_cfg=init_cfg)
-
-        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
-            out_indices = (out_indices, )
-        if not isinstance(out_indices, (list, tuple)) or not out_indices or any(
-                isinstance(i, bool) or i not in (0, 1, 2, 3) for i in out_indices):
-            raise ValueError(f'out_indices must be pyramid levels in 0..3, got {out_indices!r}')
-        if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) or \
-                not -1 <= frozen_stages <= 3 + self.num_layers:
-            raise ValueError(f'frozen_stages must be an int in [-1, {3 + self.num_layers}] '
-                             f'(3 + num_layers), got {frozen_stages!r}')
-        self.out_indices = tuple(out_indices)
+        cnn_cfg = dict(stem_channels=stem_channels, depths=cnn_depths, channels=cnn_channels,
+                       drop_path_rate=cnn_drop_path_rate, eps=ws_eps, with_cp=with_cp)
+        # the trunk builds the embedding once in_channels and embed_dims are resolved
+        super().__init__(arch, img_size=img_size, patch_size=self.CNN_STRIDE,
+                         in_channels=in_channels, final_norm=final_norm, with_cp=with_cp,
+                         patch_embed=partial(HybridEmbed.build, **cnn_cfg), **vit_kwargs)
+        self.out_indices = resolve_indices(out_indices, 4, 'pyramid levels')
+        self.frozen_stages = check_int('frozen_stages', frozen_stages, -1, 3 + self.num_layers)
+        cnn, dims = self.patch_embed.backbone, self.embed_dims
         self.strides = (4, 8, 16, 32)
         native = [cnn.channels[0], cnn.channels[1], dims, dims]
         wanted = _level_channels(out_channels, native)
@@ -431,37 +311,27 @@ class HybridViT(VisionTransformerTrunk):
         self.level_projs = nn.ModuleList(projs)
         self.num_features = [c if w is None else w for c, w in zip(native, wanted)]
         self.downsample32 = MaxPool2dSame(kernel_size=2, stride=2)
-        self.frozen_stages = frozen_stages
         self._freeze_stages()
 
     # ------------------------------------------------------------------------------ modes
     def frozen_modules(self) -> List[nn.Module]:
-        """Modules frozen by ``frozen_stages`` (see the class docstring), input side first."""
-        # getattr: the trunk's constructor freezes before this class has set its attributes
-        f = getattr(self, 'frozen_stages', -1)
-        if f < 0:
+        """Modules frozen by ``frozen_stages`` (see the class docstring), input side first: the
+        CNN stem and stages, then (from 3 on) the trunk's embedding and blocks."""
+        if self.frozen_stages < 0:
             return []
         cnn = self.patch_embed.backbone
-        mods: List[nn.Module] = [cnn.stem] + list(cnn.stages[:min(f, 3)])
-        if f >= 3:
-            mods += [self.patch_embed.proj, self.drop_after_pos]
-            mods += list(self.blocks[:f - 3])
-            if f - 3 == self.num_layers and self.norm is not None:
-                mods.append(self.norm)
-        return mods
+        mods: List[nn.Module] = [cnn.stem] + list(cnn.stages[:min(self.frozen_stages, 3)])
+        return mods + self.trunk_frozen_modules(self.frozen_stages - 3)
 
     def frozen_parameters(self) -> List[nn.Parameter]:
-        if getattr(self, 'frozen_stages', -1) >= 3:
-            return [self.pos_embed, self.cls_token]
-        return []
+        return self.trunk_frozen_parameters(self.frozen_stages - 3)
 
     # ---------------------------------------------------------------------------- forward
     def forward_vit_input(self, x: torch.Tensor):
         """Run the front end: ``(cnn maps [s4, s8, s16], seq (B, 1 + h*w, C), grid)``; ``seq``
         is what the first ViT block receives (CLS + pos-embed added)."""
         feats = self.patch_embed.backbone(x)
-        tokens, grid = self.patch_embed.project(feats[-1])
-        seq, grid = self.embed_tokens(tokens, grid)
+        seq, grid = self.embed_tokens(*self.patch_embed.project(feats[-1]))
         return feats, seq, grid
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -475,28 +345,13 @@ class HybridViT(VisionTransformerTrunk):
         """
         check_image_input(x, self.in_channels, model=self)
         feats, seq, grid = self.forward_vit_input(x)
-        seq = self.forward_blocks(seq, grid)
-        if self.norm is not None:
-            seq = self.norm(seq)
-        vit_map = self.seq_to_map(seq, grid)
+        vit_map, = self.forward_intermediates(x, embedded=(seq, grid))
         levels = [feats[0], feats[1], vit_map]
         if 3 in self.out_indices:
             levels.append(self.downsample32(vit_map))
         return tuple(self.level_projs[i](levels[i]) for i in self.out_indices)
 
     # ------------------------------------------------------------------------ checkpoints
-    def convert_checkpoint(self, state_dict):
-        """timm hybrid or our state dict -> this model's keys and sizes (used by init_cfg).
-
-        A timm (classification) file cannot hold the pyramid projections: they keep their
-        initialisation without being reported as missing, so the one warning lists only
-        surprises (and the unused classifier).
-        """
-        from ...checkpoint.hybrid_vit import adapt_hybrid_state_dict, convert_hybrid_state_dict
-        converted, fmt = convert_hybrid_state_dict(state_dict)
-        converted = adapt_hybrid_state_dict(converted, self)
-        if fmt == 'timm':
-            for key, value in self.state_dict().items():
-                if key.startswith('level_projs.'):
-                    converted.setdefault(key, value)
-        return converted
+    def checkpoint_family(self):
+        from ...checkpoint.hybrid_vit import HYBRID_CHECKPOINTS
+        return HYBRID_CHECKPOINTS

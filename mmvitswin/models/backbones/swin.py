@@ -12,11 +12,10 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA,
-                      drop_path_schedule, resize_pos_embed, to_tuple)
-from ..utils import (build_act, build_layer_norm, check_bool, check_image_input, check_int,
-                     check_int_sequence, check_optional_dict, check_positive_int,
-                     check_positive_number, check_probability)
+from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA, build_act,
+                      build_layer_norm, drop_path_schedule, resize_pos_embed, resolve_arch,
+                      resolve_indices, to_tuple, validate_stages)
+from ..utils import check_args, check_image_input, check_int_sequence, check_positive_int
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -26,6 +25,7 @@ ARCH_ZOO: Dict[str, dict] = {
     'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
 }
 ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large'}
+SWIN_ARCH_KEYS = ('embed_dims', 'depths', 'num_heads')
 
 
 class SwinBlock(nn.Module):
@@ -92,15 +92,11 @@ class SwinStage(nn.Module):
 
 
 def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size, strides,
-                         out_indices, frozen_stages) -> None:
-    """Raise a ValueError/TypeError naming the bad argument (called by the constructor)."""
-    check_positive_int('embed_dims', embed_dims)
+                         out_indices, frozen_stages) -> Tuple[int, ...]:
+    """Raise a ValueError/TypeError naming the bad argument (called by the constructor);
+    returns ``out_indices`` as a tuple."""
     check_positive_int('patch_size', patch_size)
-    depths = check_int_sequence('depths', depths, low=0)
-    num_heads = check_int_sequence('num_heads', num_heads, low=1)
-    if len(depths) != len(num_heads):
-        raise ValueError(f'depths ({len(depths)} stages: {tuple(depths)}) and num_heads '
-                         f'({len(num_heads)} stages: {tuple(num_heads)}) must have the same length')
+    depths = validate_stages(embed_dims, depths, num_heads, frozen_stages)['depths']
     strides = check_int_sequence('strides', strides, low=1)
     if len(strides) != len(depths):
         raise ValueError(f'strides must have one entry per stage ({len(depths)}), got {strides}')
@@ -109,18 +105,44 @@ def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size,
                          'patch embedding is non-overlapping')
     if any(s != 2 for s in strides[1:]):
         raise ValueError(f'strides[1:] must all be 2 (patch merging), got {tuple(strides[1:])}')
-    for i, heads in enumerate(num_heads):
+    return resolve_indices(out_indices, len(depths))
+
+
+def check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
+                    norm_cfg, init_cfg, qkv_bias, with_cp, **flags) -> dict:
+    """Check the block arguments both Swin backbones (2-D and video) take, plus their other
+    bool ``flags`` (ValueError/TypeError naming the bad one); return the block arguments as
+    the keyword arguments of :func:`build_swin_stages`."""
+    check_args(positive=dict(mlp_ratio=mlp_ratio), optional_positive=dict(qk_scale=qk_scale),
+               probabilities=dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                                  drop_path_rate=drop_path_rate),
+               flags=dict(qkv_bias=qkv_bias, with_cp=with_cp, **flags),
+               cfgs=dict(act_cfg=act_cfg, norm_cfg=norm_cfg, init_cfg=init_cfg))
+    return dict(mlp_ratio=mlp_ratio, drop_path_rate=drop_path_rate, norm_cfg=norm_cfg,
+                qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
+                attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, with_cp=with_cp)
+
+
+def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
+                      window: Tuple[int, ...], mlp_ratio: float, drop_path_rate: float,
+                      norm_cfg: Optional[dict], channel_order: str = 'unfold',
+                      block_cls: type = SwinBlock, **block_kwargs) -> nn.ModuleList:
+    """The stage stack of a Swin (2-D or video): stage ``i`` has ``embed_dims * 2**i``
+    channels and ``depths[i]`` blocks (stochastic depth rising over all blocks), every stage
+    but the last ends in a 2x2 patch merging (``channel_order``: mmdet's ``'unfold'`` or
+    mmaction2's ``'microsoft'``) with a ``norm_cfg`` LayerNorm."""
+    rates = drop_path_schedule(drop_path_rate, depths)
+    stages = nn.ModuleList()
+    for i, depth in enumerate(depths):
         dims = embed_dims * 2**i
-        if dims % heads != 0:
-            raise ValueError(f'embed_dims of stage {i} ({dims} = embed_dims * 2**{i}) must be '
-                             f'divisible by num_heads[{i}] ({heads})')
-    if not out_indices:
-        raise ValueError('out_indices must name at least one stage, got ()')
-    for i in out_indices:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(depths):
-            raise ValueError(f'out_indices must be stage indices in [0, {len(depths) - 1}], '
-                             f'got {tuple(out_indices)}')
-    check_int('frozen_stages', frozen_stages, -1, len(depths))
+        downsample = None
+        if i < len(depths) - 1:
+            downsample = PatchMerging(dims, 2 * dims, channel_order=channel_order)
+            downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
+        stages.append(SwinStage(dims, num_heads[i], depth, window, mlp_ratio, rates[i],
+                                downsample=downsample, block_cls=block_cls, norm_cfg=norm_cfg,
+                                **block_kwargs))
+    return stages
 
 
 @MODELS.register_module()
@@ -166,33 +188,22 @@ class SwinTransformer(TransformerBackbone):
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
 
-        preset = self._resolve_arch(arch)
+        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         depths = check_int_sequence('depths', preset['depths'] if depths is None else depths,
                                     low=0)
         num_heads = check_int_sequence(
             'num_heads', preset['num_heads'] if num_heads is None else num_heads)
-        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
-            out_indices = (out_indices, )
-        out_indices = check_int_sequence('out_indices', out_indices, low=-len(depths))
         check_int_sequence('strides', strides)
         window = to_tuple(window_size, 2, 'window_size')
         check_positive_int('in_channels', in_channels)
-        check_positive_number('mlp_ratio', mlp_ratio)
-        if qk_scale is not None:
-            check_positive_number('qk_scale', qk_scale)
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            check_probability(name, rate)
-        for name, flag in (('qkv_bias', qkv_bias), ('patch_norm', patch_norm),
-                           ('use_abs_pos_embed', use_abs_pos_embed), ('with_cp', with_cp),
-                           ('convert_weights', convert_weights)):
-            check_bool(name, flag)
-        check_optional_dict('act_cfg', act_cfg)
-        check_optional_dict('norm_cfg', norm_cfg)
-        check_optional_dict('init_cfg', init_cfg, allow_list=True)
-        validate_swin_config(embed_dims, depths, num_heads, patch_size, window, tuple(strides),
-                             out_indices, frozen_stages)
+        stage_cfg = check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate,
+                                    drop_path_rate, act_cfg, norm_cfg, init_cfg, qkv_bias,
+                                    with_cp, patch_norm=patch_norm,
+                                    use_abs_pos_embed=use_abs_pos_embed,
+                                    convert_weights=convert_weights)
+        out_indices = validate_swin_config(embed_dims, depths, num_heads, patch_size, window,
+                                           tuple(strides), out_indices, frozen_stages)
 
         self.arch_settings = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads)
         self.pretrain_img_size = to_tuple(pretrain_img_size, 2, 'pretrain_img_size')
@@ -216,39 +227,11 @@ class SwinTransformer(TransformerBackbone):
                 torch.zeros(1, self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims))
         self.drop_after_pos = nn.Dropout(drop_rate)
 
-        rates = drop_path_schedule(drop_path_rate, depths)
-        block_kwargs = dict(qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
-                            attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, norm_cfg=norm_cfg,
-                            with_cp=with_cp)
-        self.stages = nn.ModuleList()
-        for i in range(self.num_layers):
-            dims = self.num_features[i]
-            downsample = None
-            if i < self.num_layers - 1:
-                downsample = PatchMerging(dims, 2 * dims, stride=strides[i + 1])
-                if norm_cfg is not None:
-                    downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
-            self.stages.append(
-                SwinStage(dims, num_heads[i], depths[i], window, mlp_ratio, rates[i],
-                          downsample=downsample, **block_kwargs))
+        self.stages = build_swin_stages(embed_dims, depths, num_heads, window, **stage_cfg)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()
         self._freeze_stages()
-
-    @staticmethod
-    def _resolve_arch(arch) -> dict:
-        if isinstance(arch, dict):
-            missing = {'embed_dims', 'depths', 'num_heads'} - set(arch)
-            if missing:
-                raise ValueError(f'arch dict is missing {sorted(missing)}')
-            return arch
-        if not isinstance(arch, str):
-            raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
-        name = ARCH_ALIASES.get(arch.lower(), arch.lower())
-        if name not in ARCH_ZOO:
-            raise ValueError(f'arch must be one of {sorted(ARCH_ZOO)} (or a dict), got {arch!r}')
-        return ARCH_ZOO[name]
 
     # ----------------------------------------------------------------------------- weights
     def _init_random(self) -> None:
@@ -291,8 +274,6 @@ class SwinTransformer(TransformerBackbone):
         return tuple(outs)
 
     # ------------------------------------------------------------------------ checkpoints
-    def convert_checkpoint(self, state_dict):
-        """Any supported Swin state dict -> this model's keys and sizes (used by init_cfg)."""
-        from ...checkpoint.swin import adapt_swin_state_dict, convert_swin_state_dict
-        converted, _ = convert_swin_state_dict(state_dict)
-        return adapt_swin_state_dict(converted, self)
+    def checkpoint_family(self):
+        from ...checkpoint.swin import SWIN_CHECKPOINTS
+        return SWIN_CHECKPOINTS

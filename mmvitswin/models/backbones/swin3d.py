@@ -16,28 +16,13 @@ import torch
 import torch.nn as nn
 
 from ...registry import MODELS
-from ..layers import (DropPath, PatchEmbed, PatchMerging, WindowAttention, drop_path_schedule,
-                      shifted_window_attention, to_tuple)
+from ..layers import (DropPath, FcNamedFFN, PatchEmbed, WindowAttention, build_act,
+                      build_layer_norm, resolve_arch, resolve_indices, shifted_window_attention,
+                      to_tuple, validate_stages, window_and_shift)
 from .base import TransformerBackbone
-from ..utils import (build_act, build_layer_norm, check_bool, check_image_input, check_int,
-                     check_int_sequence, check_optional_dict, check_positive_int,
-                     check_positive_number, check_probability)
-from .swin import SwinBlock, SwinStage, SwinTransformer
-
-
-class Mlp(nn.Module):
-    """fc1 -> act -> drop -> fc2 -> drop on ``(..., C)``; the timm/mmaction2 key layout."""
-
-    def __init__(self, in_features: int, hidden_features: int, act_layer=nn.GELU,
-                 drop: float = 0.):
-        super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden_features)
-        self.act = act_layer()
-        self.fc2 = nn.Linear(hidden_features, in_features)
-        self.drop = nn.Dropout(drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+from ..utils import check_image_input, check_positive_int
+from .swin import (ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS, SwinBlock, build_swin_stages,
+                   check_swin_args)
 
 
 class SwinBlock3D(nn.Module):
@@ -55,10 +40,7 @@ class SwinBlock3D(nn.Module):
                  act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
                  with_cp: bool = False, clamp_to_input: bool = True):
         super().__init__()
-        self.window = tuple(window)
-        self.shift = tuple(shift)
-        if any(not 0 <= s < w for s, w in zip(self.shift, self.window)):
-            raise ValueError(f'shift {self.shift} must lie in [0, window) for window {self.window}')
+        self.window, self.shift = window_and_shift(window, shift)
         self.clamp_to_input = clamp_to_input
         self.with_cp = with_cp
         self.norm1 = build_layer_norm(norm_cfg, embed_dims)
@@ -67,7 +49,8 @@ class SwinBlock3D(nn.Module):
                                     proj_drop=drop_rate)
         self.drop_path = DropPath(drop_path_rate)
         self.norm2 = build_layer_norm(norm_cfg, embed_dims)
-        self.mlp = Mlp(embed_dims, ffn_dims, act_layer=build_act(act_cfg), drop=drop_rate)
+        # the shared FFN (and its fast path) under mmaction2's names mlp.fc1 / mlp.fc2
+        self.mlp = FcNamedFFN(embed_dims, ffn_dims, drop=drop_rate, act_layer=build_act(act_cfg))
 
     def _attn_branch(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop_path(
@@ -82,29 +65,12 @@ class SwinBlock3D(nn.Module):
 
 def validate_swin3d_config(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
                            out_indices: Sequence[int], frozen_stages: int,
-                           in_channels: int) -> None:
-    """Raise a ValueError/TypeError naming the bad argument (called by the constructor)."""
+                           in_channels: int) -> Tuple[int, ...]:
+    """Raise a ValueError/TypeError naming the bad argument (called by the constructor);
+    returns ``out_indices`` as a tuple."""
     check_positive_int('in_channels', in_channels)
-    check_positive_int('embed_dims', embed_dims)
-    depths = check_int_sequence('depths', depths, low=0)
-    num_heads = check_int_sequence('num_heads', num_heads, low=1)
-    if len(depths) != len(num_heads) or not depths:
-        raise ValueError(f'depths ({tuple(depths)}) and num_heads ({tuple(num_heads)}) must be '
-                         'non-empty and have one entry per stage')
-    if any(d < 0 for d in depths):
-        raise ValueError(f'depths must be non-negative, got {tuple(depths)}')
-    for i, heads in enumerate(num_heads):
-        dims = embed_dims * 2**i
-        if heads < 1 or dims % heads != 0:
-            raise ValueError(f'embed_dims of stage {i} ({dims} = embed_dims * 2**{i}) must be '
-                             f'divisible by num_heads[{i}] ({heads})')
-    if not out_indices:
-        raise ValueError('out_indices must name at least one stage')
-    for i in out_indices:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(depths):
-            raise ValueError(f'out_indices must be stage indices in [0, {len(depths) - 1}], '
-                             f'got {tuple(out_indices)}')
-    check_int('frozen_stages', frozen_stages, -1, len(depths))
+    depths = validate_stages(embed_dims, depths, num_heads, frozen_stages)['depths']
+    return resolve_indices(out_indices, len(depths))
 
 
 @MODELS.register_module()
@@ -159,29 +125,16 @@ class SwinTransformer3D(TransformerBackbone):
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
 
-        preset = SwinTransformer._resolve_arch(arch)
+        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS)
         embed_dims = preset['embed_dims']
         depths = tuple(preset['depths'])
         num_heads = tuple(preset['num_heads'])
-        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
-            out_indices = (out_indices, )
-        out_indices = check_int_sequence('out_indices', out_indices, low=-len(depths),
-                                         allow_empty=True)
-        validate_swin3d_config(embed_dims, depths, num_heads, out_indices, frozen_stages,
-                               in_channels)
-        check_positive_number('mlp_ratio', mlp_ratio)
-        if qk_scale is not None:
-            check_positive_number('qk_scale', qk_scale)
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            check_probability(name, rate)
-        for name, flag in (('pretrained2d', pretrained2d), ('qkv_bias', qkv_bias),
-                           ('patch_norm', patch_norm), ('with_cp', with_cp),
-                           ('out_after_downsample', out_after_downsample)):
-            check_bool(name, flag)
-        check_optional_dict('act_cfg', act_cfg)
-        check_optional_dict('norm_cfg', norm_cfg)
-        check_optional_dict('init_cfg', init_cfg, allow_list=True)
+        out_indices = validate_swin3d_config(embed_dims, depths, num_heads, out_indices,
+                                             frozen_stages, in_channels)
+        stage_cfg = check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate,
+                                    drop_path_rate, act_cfg, norm_cfg, init_cfg, qkv_bias,
+                                    with_cp, pretrained2d=pretrained2d, patch_norm=patch_norm,
+                                    out_after_downsample=out_after_downsample)
         patch = to_tuple(patch_size, 3, 'patch_size')
         window = to_tuple(window_size, 3, 'window_size')
 
@@ -210,21 +163,11 @@ class SwinTransformer3D(TransformerBackbone):
             self.patch_embed.norm = build_layer_norm(norm_cfg, embed_dims)
         self.pos_drop = nn.Dropout(drop_rate)
 
-        rates = drop_path_schedule(drop_path_rate, depths)
-        block_kwargs = dict(qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
-                            attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, norm_cfg=norm_cfg,
-                            with_cp=with_cp)
-        self.layers = nn.ModuleList()
-        for i, dims in enumerate(stage_dims):
-            downsample = None
-            if i < self.num_layers - 1:
-                # Merges 2x2 over space only; the neighbour order is the one mmaction2 (and the
-                # Microsoft release it inflates) trained ``reduction`` with.
-                downsample = PatchMerging(dims, 2 * dims, channel_order='microsoft')
-                downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
-            self.layers.append(
-                SwinStage(dims, num_heads[i], depths[i], window, mlp_ratio, rates[i],
-                          downsample=downsample, block_cls=SwinBlock3D, **block_kwargs))
+        # Merges 2x2 over space only; the neighbour order is the one mmaction2 (and the
+        # Microsoft release it inflates) trained ``reduction`` with.
+        self.layers = build_swin_stages(embed_dims, depths, num_heads, window,
+                                        channel_order='microsoft', block_cls=SwinBlock3D,
+                                        **stage_cfg)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()
@@ -260,7 +203,6 @@ class SwinTransformer3D(TransformerBackbone):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     # ------------------------------------------------------------------------ checkpoints
-    def convert_checkpoint(self, state_dict):
-        """A video Swin or any supported 2-D Swin state dict -> this model's keys and sizes."""
-        from ...checkpoint.swin3d import convert_swin3d_state_dict
-        return convert_swin3d_state_dict(state_dict, self)
+    def checkpoint_family(self):
+        from ...checkpoint.swin3d import SWIN3D_CHECKPOINTS
+        return SWIN3D_CHECKPOINTS

@@ -24,13 +24,13 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
-from ..layers import (FFN, Attention, ConvStem, DropPath, PatchEmbed, ceil_div, merge_windows,
-                      pad_amount, partition_windows, resize_pos_embed, resize_rel_pos_1d,
-                      to_tuple)
+from ..layers import (FFN, Attention, ConvStem, DropPath, LayerNorm2d, PatchEmbed, build_act,
+                      build_layer_norm, ceil_div, linear_drop_path, merge_windows, pad_amount,
+                      partition_windows, resize_pos_embed, resize_rel_pos_1d, resolve_arch,
+                      resolve_indices, to_tuple)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
-from ..utils import (build_act, build_layer_norm, check_bool, check_choice,
-                     check_image_input, check_int, check_int_sequence, check_optional_dict,
-                     check_positive_int, check_positive_number, check_probability)
+from ..utils import (check_args, check_choice, check_image_input, check_int,
+                     check_int_sequence, check_optional_dict, check_positive_int)
 
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=192, num_layers=12, num_heads=3, feedforward_channels=768,
@@ -47,6 +47,7 @@ ARCH_ZOO: Dict[str, dict] = {
 ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large', 'h': 'huge',
                 'deit-tiny': 'tiny', 'deit-small': 'small', 'deit-base': 'base'}
 ADAPTERS = (None, 'simple', 'interaction')
+VIT_ARCH_KEYS = ('embed_dims', 'num_layers', 'num_heads', 'feedforward_channels')
 
 
 # ------------------------------------------------------------------------ pure functions
@@ -93,20 +94,6 @@ def crop_to(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------- layers
-class LayerNorm2d(nn.Module):
-    """LayerNorm over the channels of an NCHW map (ViTDet/ConvNeXt ``LayerNorm2d``)."""
-
-    def __init__(self, channels: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(channels))
-        self.bias = nn.Parameter(torch.zeros(channels))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.layer_norm(x.permute(0, 2, 3, 1), x.shape[1:2], self.weight, self.bias, self.eps)
-        return x.permute(0, 3, 1, 2)
-
-
 class ViTAttention(Attention):
     """``layers.Attention`` plus optional decomposed relative positions (ViTDet ``use_rel_pos``).
 
@@ -197,7 +184,10 @@ class SimpleFeaturePyramid(nn.Module):
     strides shift the same recipe (stride 8: x2, identity, /2 and /4 max-pools). Each level
     then goes through 1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to ``out_channels``
     (convs without bias, as the norms follow). ``forward((B, C, h, w))`` returns four NCHW maps,
-    finest first.
+    finest first; :meth:`pyramid` runs it on a trunk's last block.
+
+    Padding constraint (declared, not applied): ``size_divisibility`` is the multiple an image
+    must have for every level to be exactly ``H / s``; the backbone pads and crops back.
     """
 
     def __init__(self, in_channels: int, out_channels: int = 256, in_stride: int = 16):
@@ -205,6 +195,7 @@ class SimpleFeaturePyramid(nn.Module):
         check_positive_int('in_channels', in_channels)
         check_positive_int('out_channels', out_channels)
         check_choice('in_stride', in_stride, (4, 8, 16, 32))
+        self.size_divisibility = max(32, 2 * in_stride)
         self.rescale = nn.ModuleList()
         dims = []
         for stride in (4, 8, 16, 32):
@@ -229,37 +220,46 @@ class SimpleFeaturePyramid(nn.Module):
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
         return [head(rescale(x)) for head, rescale in zip(self.outputs, self.rescale)]
 
+    def pyramid(self, trunk: 'VisionTransformerTrunk', img: torch.Tensor) -> List[torch.Tensor]:
+        """The four levels of ``img`` (padded to ``size_divisibility``) from the map of the
+        trunk's last block (final norm applied)."""
+        return self(trunk.forward_intermediates(img)[-1])
+
 
 # ---------------------------------------------------------------------------------- trunk
 class VisionTransformerTrunk(TransformerBackbone):
     """Plain ViT trunk: patch embedding, CLS token, abs pos-embed, blocks, final norm.
 
-    Unregistered; :class:`ViTAdapter` (and the hybrid ResNet+ViT) build on it. Parameter names
-    (our checkpoint layout): ``patch_embed.proj``, ``cls_token``, ``pos_embed``, ``norm_pre``,
+    The trunk has no output or freezing policy of its own: the registered builders
+    (:class:`ViTAdapter`, ``HybridViT``) choose which maps to return (``out_indices``) and what
+    to freeze (``frozen_stages``) with their own documented meaning, and call
+    :meth:`forward_intermediates` / :meth:`trunk_frozen_modules`. Parameter names (our
+    checkpoint layout): ``patch_embed.proj``, ``cls_token``, ``pos_embed``, ``norm_pre``,
     ``blocks.{i}.{norm1,attn.qkv,attn.proj,attn.rel_pos_h,attn.rel_pos_w,norm2,ffn.layers.0.0,
     ffn.layers.1}``, ``norm``.
 
-    Interface for subclasses and adapters:
+    The trunk protocol (what adapters and builders use):
 
-    - ``patch_embed`` (ctor arg): optional replacement module. It must map ``(B, C_in, H, W)``
-      to ``(tokens (B, h, w, embed_dims), (h, w))`` like ``layers.PatchEmbed``, with ``h, w``
-      a function of H, W only. It is stored as ``self.patch_embed`` (so layer decay gives it
-      depth 0). ``patch_size`` must then be its total stride: it sets the pretraining grid
-      ``img_size // patch_size`` of ``pos_embed`` and the adapter padding.
+    - ``patch_embed`` (ctor arg, injected): a module, or a factory called as
+      ``patch_embed(in_channels, embed_dims)`` once those are resolved, mapping
+      ``(B, C_in, H, W)`` to ``(tokens (B, h, w, embed_dims), (h, w))`` like
+      ``layers.PatchEmbed``, with ``h, w`` a function of H, W only. It is stored as
+      ``self.patch_embed`` (layer decay gives it depth 0) and initialises itself.
+      ``patch_size`` must then be its total stride: it sets the pretraining grid
+      ``img_size // patch_size`` of ``pos_embed``.
     - ``prepare_tokens(x) -> (seq, grid)``: image ``(B, C_in, H, W)`` to the token sequence
       ``seq: (B, P + h*w, C)`` (``P = num_prefix_tokens`` CLS tokens first, then the grid
-      row-major) with pos-embed added (resized bicubically to ``grid``), dropout, pre-norm.
+      row-major) with pos-embed added (resized bicubically to ``grid``), dropout, pre-norm;
+      ``embed_tokens(tokens, grid)`` does the part after ``patch_embed``.
     - ``forward_blocks(seq, grid, start, end) -> seq``: run ``blocks[start:end]``.
-    - ``seq_to_map(seq, grid) -> (B, C, h, w)``: drop the prefix tokens, go NCHW.
-    - ``forward(x)``: the maps after each block in ``out_indices`` (``final_norm`` applied
-      after the last block), as mmseg's ``VisionTransformer``.
+    - ``forward_intermediates(x, indices, embedded=None)``: the NCHW maps after each block in
+      ``indices`` (``final_norm`` applied after the last block): the one intermediates method.
+    - ``forward(x)``: the map of the last block.
 
     Args (OpenMMLab names where mmseg has one): ``img_size`` pretraining size of ``pos_embed``;
     ``window_size``/``global_attn_indexes`` ViTDet windowing (0: all global; with a window the
     listed blocks stay global, default the last of each quarter); ``use_rel_pos`` decomposed
     relative positions (window tables ``2w-1`` rows, global ones ``2 * img_size/p - 1``);
-    ``frozen_stages``: -1 none, 0 patch embed + CLS + pos-embed (+ pre-norm), ``k`` also blocks
-    ``0..k-1``, ``num_layers`` also the final norm (frozen parts: no grad and eval mode).
     ``stem``: ``'patch'`` (default, the ViT patchify conv that checkpoints carry) or ``'conv'``
     (:class:`layers.ConvStem`, for training from scratch).
     """
@@ -273,7 +273,6 @@ class VisionTransformerTrunk(TransformerBackbone):
                  num_layers: Optional[int] = None,
                  num_heads: Optional[int] = None,
                  mlp_ratio: Optional[float] = None,
-                 out_indices=-1,
                  qkv_bias: bool = True,
                  drop_rate: float = 0.,
                  attn_drop_rate: float = 0.,
@@ -290,8 +289,7 @@ class VisionTransformerTrunk(TransformerBackbone):
                  global_attn_indexes: Optional[Sequence[int]] = None,
                  use_rel_pos: bool = False,
                  with_cp: bool = False,
-                 frozen_stages: int = -1,
-                 patch_embed: Optional[nn.Module] = None,
+                 patch_embed=None,
                  stem: str = 'patch',
                  pretrained: Optional[str] = None,
                  init_cfg=None):
@@ -301,7 +299,11 @@ class VisionTransformerTrunk(TransformerBackbone):
                              f"stem), got {stem!r}")
         if stem != 'patch' and patch_embed is not None:
             raise ValueError(f'stem={stem!r} and a patch_embed module exclude each other')
-        preset = self._resolve_arch(arch)
+        if patch_embed is not None and not callable(patch_embed):
+            raise TypeError(f'patch_embed must be an nn.Module, a factory '
+                            f'(in_channels, embed_dims) -> nn.Module, or None, got '
+                            f'{type(patch_embed).__name__}')
+        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, VIT_ARCH_KEYS)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         num_layers = preset['num_layers'] if num_layers is None else num_layers
         num_heads = preset['num_heads'] if num_heads is None else num_heads
@@ -310,8 +312,13 @@ class VisionTransformerTrunk(TransformerBackbone):
                             ('num_heads', num_heads), ('patch_size', patch_size),
                             ('in_channels', in_channels)):
             check_positive_int(name, value)
-        if mlp_ratio is not None:
-            check_positive_number('mlp_ratio', mlp_ratio)
+        check_args(optional_positive=dict(mlp_ratio=mlp_ratio),
+                   probabilities=dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                                      drop_path_rate=drop_path_rate),
+                   flags=dict(qkv_bias=qkv_bias, with_cls_token=with_cls_token,
+                              patch_norm=patch_norm, patch_bias=patch_bias, pre_norm=pre_norm,
+                              final_norm=final_norm, use_rel_pos=use_rel_pos, with_cp=with_cp),
+                   cfgs=dict(norm_cfg=norm_cfg, act_cfg=act_cfg, init_cfg=init_cfg))
         ffn_dims = (preset['feedforward_channels'] * embed_dims // preset['embed_dims']
                     if mlp_ratio is None else int(mlp_ratio * embed_dims))
         if ffn_dims < 1:
@@ -320,22 +327,10 @@ class VisionTransformerTrunk(TransformerBackbone):
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
                              f'({num_heads})')
-        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate),
-                           ('drop_path_rate', drop_path_rate)):
-            check_probability(name, rate)
-        for name, flag in (('qkv_bias', qkv_bias), ('with_cls_token', with_cls_token),
-                           ('patch_norm', patch_norm), ('patch_bias', patch_bias),
-                           ('pre_norm', pre_norm), ('final_norm', final_norm),
-                           ('use_rel_pos', use_rel_pos), ('with_cp', with_cp)):
-            check_bool(name, flag)
         check_choice('interpolate_mode', interpolate_mode, ('bicubic', 'bilinear'))
-        check_optional_dict('norm_cfg', norm_cfg)
-        check_optional_dict('act_cfg', act_cfg)
-        check_optional_dict('init_cfg', init_cfg, allow_list=True)
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
             raise ValueError(f'window_size must be an int >= 0 (0: global attention), got '
                              f'{window_size!r}')
-        check_int('frozen_stages', frozen_stages, -1, num_layers)
         self.img_size = to_tuple(img_size, 2, 'img_size')
         self.pretrain_grid = tuple(s // patch_size for s in self.img_size)
         if min(self.pretrain_grid) < 1:
@@ -347,7 +342,6 @@ class VisionTransformerTrunk(TransformerBackbone):
         if any(not 0 <= i < num_layers for i in global_attn_indexes):
             raise ValueError(f'global_attn_indexes must be block indices in [0, {num_layers - 1}]'
                              f', got {global_attn_indexes}')
-        self.out_indices = self._resolve_out_indices(out_indices, num_layers)
 
         self.arch_settings = dict(embed_dims=embed_dims, num_layers=num_layers,
                                   num_heads=num_heads, feedforward_channels=ffn_dims)
@@ -363,9 +357,8 @@ class VisionTransformerTrunk(TransformerBackbone):
         self.global_attn_indexes = global_attn_indexes
         self.use_rel_pos = use_rel_pos
         self.final_norm = final_norm
-        self.frozen_stages = frozen_stages
 
-        if patch_embed is None and stem == 'conv':
+        if stem == 'conv':
             patch_embed = ConvStem(in_channels, embed_dims, patch_size)
         elif patch_embed is None:
             patch_embed = PatchEmbed(in_channels, embed_dims, (patch_size, patch_size),
@@ -373,8 +366,7 @@ class VisionTransformerTrunk(TransformerBackbone):
             if patch_norm:
                 patch_embed.norm = build_layer_norm(norm_cfg, embed_dims)
         elif not isinstance(patch_embed, nn.Module):
-            raise TypeError(f'patch_embed must be an nn.Module or None, got '
-                            f'{type(patch_embed).__name__}')
+            patch_embed = patch_embed(in_channels, embed_dims)  # an injected factory
         self.patch_embed = patch_embed
         if with_cls_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
@@ -384,7 +376,7 @@ class VisionTransformerTrunk(TransformerBackbone):
         self.drop_after_pos = nn.Dropout(drop_rate)
         self.norm_pre = build_layer_norm(norm_cfg, embed_dims) if pre_norm else None
 
-        rates = [drop_path_rate * i / max(num_layers - 1, 1) for i in range(num_layers)]
+        rates = linear_drop_path(drop_path_rate, num_layers)
         self.blocks = nn.ModuleList([
             ViTBlock(embed_dims, num_heads, ffn_dims,
                      window_size=0 if i in global_attn_indexes else window_size,
@@ -394,55 +386,25 @@ class VisionTransformerTrunk(TransformerBackbone):
                      with_cp=with_cp) for i in range(num_layers)
         ])
         self.norm = build_layer_norm(norm_cfg, embed_dims) if final_norm else None
-        self._init_random()
-        self._freeze_stages()
-
-    # ----------------------------------------------------------------------------- config
-    @staticmethod
-    def _resolve_arch(arch) -> dict:
-        if isinstance(arch, dict):
-            missing = {'embed_dims', 'num_layers', 'num_heads', 'feedforward_channels'} - set(arch)
-            if missing:
-                raise ValueError(f'arch dict is missing {sorted(missing)}')
-            return arch
-        if not isinstance(arch, str):
-            raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
-        name = ARCH_ALIASES.get(arch.lower(), arch.lower())
-        if name not in ARCH_ZOO:
-            raise ValueError(f'arch must be one of {sorted(ARCH_ZOO)} (or a dict), got {arch!r}')
-        return ARCH_ZOO[name]
-
-    @staticmethod
-    def _resolve_out_indices(out_indices, num_layers: int) -> Tuple[int, ...]:
-        if isinstance(out_indices, int) and not isinstance(out_indices, bool):
-            out_indices = (out_indices, )
-        if not isinstance(out_indices, (list, tuple)):
-            raise TypeError(f'out_indices must be an int, list or tuple, got {out_indices!r}')
-        resolved = []
-        for i in out_indices:
-            if isinstance(i, bool) or not isinstance(i, int) or not -num_layers <= i < num_layers:
-                raise ValueError(f'out_indices must be block indices in [-{num_layers}, '
-                                 f'{num_layers - 1}], got {tuple(out_indices)}')
-            resolved.append(i % num_layers)
-        return tuple(resolved)
+        self.init_trunk_weights()
 
     # ---------------------------------------------------------------------------- weights
-    def _init_random(self) -> None:
-        """timm/mmseg init: trunc-normal(0.02) for pos-embed, CLS and linear weights."""
+    def init_trunk_weights(self) -> None:
+        """timm/mmseg init: trunc-normal(0.02) for pos-embed, CLS and the blocks' linear
+        weights. The patch embedding (built here or injected) keeps its own init."""
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.with_cls_token:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
-        # adapters and a replacement stem keep their own init
-        init_linear_and_norm(
-            m for name, m in self.named_modules()
-            if not (name.startswith('adapter.') or (name.startswith('patch_embed.') and
-                                                   not isinstance(self.patch_embed, PatchEmbed))))
+        for part in (self.norm_pre, self.blocks, self.norm):
+            if part is not None:
+                init_linear_and_norm(part.modules())
 
-    def convert_checkpoint(self, state_dict):
-        """Any supported ViT state dict -> this model's keys and sizes (used by init_cfg)."""
-        from ...checkpoint.vit import adapt_vit_state_dict, convert_vit_state_dict
-        converted, _ = convert_vit_state_dict(state_dict)
-        return adapt_vit_state_dict(converted, self)
+    def _init_random(self) -> None:
+        self.init_trunk_weights()
+
+    def checkpoint_family(self):
+        from ...checkpoint.vit import VIT_CHECKPOINTS
+        return VIT_CHECKPOINTS
 
     # ------------------------------------------------------------------------ layer decay
     def get_layer_depth(self, param_name: str) -> int:
@@ -455,20 +417,24 @@ class VisionTransformerTrunk(TransformerBackbone):
             return int(param_name.split('.')[1]) + 1
         return self.num_layers + 1
 
-    # ------------------------------------------------------------------------------ modes
-    def frozen_modules(self) -> List[nn.Module]:
-        if self.frozen_stages < 0:
+    # ----------------------------------------------------------------------------- freezing
+    def trunk_frozen_modules(self, stages: int) -> List[nn.Module]:
+        """What freezing the trunk up to ``stages`` means: -1 nothing, 0 the embedding (patch
+        embed + pos dropout + pre-norm), ``k`` also blocks ``0..k-1``, ``num_layers`` also the
+        final norm."""
+        if stages < 0:
             return []
         mods = [self.patch_embed, self.drop_after_pos]
         if self.norm_pre is not None:
             mods.append(self.norm_pre)
-        mods += list(self.blocks[:self.frozen_stages])
-        if self.frozen_stages == self.num_layers and self.norm is not None:
+        mods += list(self.blocks[:stages])
+        if stages == self.num_layers and self.norm is not None:
             mods.append(self.norm)
         return mods
 
-    def frozen_parameters(self) -> List[nn.Parameter]:
-        if self.frozen_stages < 0:
+    def trunk_frozen_parameters(self, stages: int) -> List[nn.Parameter]:
+        """The position embedding and CLS token, frozen with the embedding (``stages >= 0``)."""
+        if stages < 0:
             return []
         return [self.pos_embed] + ([self.cls_token] if self.with_cls_token else [])
 
@@ -507,74 +473,89 @@ class VisionTransformerTrunk(TransformerBackbone):
         tokens = seq[:, self.num_prefix_tokens:]
         return tokens.transpose(1, 2).reshape(seq.shape[0], -1, grid[0], grid[1]).contiguous()
 
-    def forward_trunk(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Maps (B, C, ceil(H/p), ceil(W/p)) after each block in ``out_indices``."""
-        seq, grid = self.prepare_tokens(x)
+    def forward_intermediates(self, x: Optional[torch.Tensor], indices: Sequence[int] = (-1, ),
+                              embedded=None) -> List[torch.Tensor]:
+        """Maps ``(B, C, h, w)`` after each block in ``indices`` (block indices, negative ones
+        from the end; ``final_norm`` applied after the last block), in block order.
+
+        ``x``: the image ``(B, C_in, H, W)``; or ``embedded = (seq, grid)`` when the caller ran
+        the embedding itself (:meth:`embed_tokens`), with ``x`` unused."""
+        wanted = {i % self.num_layers for i in indices}
+        seq, grid = self.prepare_tokens(x) if embedded is None else embedded
         outs = []
         for i, block in enumerate(self.blocks):
             seq = block(seq, grid, self.num_prefix_tokens)
             if i == self.num_layers - 1 and self.norm is not None:
                 seq = self.norm(seq)
-            if i in self.out_indices:
+            if i in wanted:
                 outs.append(self.seq_to_map(seq, grid))
-        return tuple(outs)
+        return outs
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The map (B, C, ceil(H/p), ceil(W/p)) after the last block, as a 1-tuple."""
         check_image_input(x, self.in_channels, model=self)
-        return self.forward_trunk(x)
+        return tuple(self.forward_intermediates(x))
 
 
 # ------------------------------------------------------------------------------- backbone
 @MODELS.register_module()
 class ViTAdapter(VisionTransformerTrunk):
-    """ViT backbone for dense prediction: the plain trunk or a 4-level pyramid.
+    """ViT backbone for dense prediction: the trunk's block maps or a 4-level pyramid.
 
-    ``adapter=None``: the trunk's maps at stride ``p`` for ``out_indices`` (block indices,
-    default the last block), as mmseg's ``VisionTransformer``. ``adapter='simple'``: ViTDet's
-    simple feature pyramid from the last block (``adapter_cfg``: ``out_channels``, default
-    256). ``adapter='interaction'``: ViT-Adapter's spatial prior module + injector/extractor
-    interactions over groups of blocks (``adapter_cfg`` goes to that module). In adapter modes
-    ``out_indices`` selects pyramid levels (default (0, 1, 2, 3) = strides 4, 8, 16, 32) and
-    ``patch_size`` must be 16. All other arguments: :class:`VisionTransformerTrunk`.
+    The trunk (:class:`VisionTransformerTrunk`, all other arguments) plus an optional adapter
+    module that turns it into a pyramid, held as ``adapter`` (state-dict keys ``adapter.*``):
+
+    - ``adapter=None``: ``out_indices`` are block indices (default -1, the last block); the
+      maps of those blocks at stride ``p``, as mmseg's ``VisionTransformer``.
+    - ``adapter='simple'``: ViTDet's :class:`SimpleFeaturePyramid` on the last block
+      (``adapter_cfg``: ``out_channels``, default 256).
+    - ``adapter='interaction'``: ViT-Adapter's
+      :class:`~mmvitswin.models.backbones.vit_adapter_modules.InteractionAdapter`, which drives
+      the trunk's blocks in groups (``adapter_cfg`` goes to it).
+
+    With an adapter ``out_indices`` are pyramid levels (default (0, 1, 2, 3) = strides 4, 8,
+    16, 32); the image is padded to the adapter's ``size_divisibility`` and each level cropped
+    back to ``ceil(H / s)``. ``frozen_stages``: -1 none, 0 the embedding (patch embed, CLS,
+    pos-embed, pre-norm), ``k`` also blocks ``0..k-1``, ``num_layers`` also the final norm
+    (frozen parts: no grad and eval mode; the adapter is never frozen).
     """
 
     def __init__(self, arch='base', adapter: Optional[str] = None,
-                 adapter_cfg: Optional[dict] = None, out_indices=None, **kwargs):
+                 adapter_cfg: Optional[dict] = None, out_indices=None, frozen_stages: int = -1,
+                 **kwargs):
         check_choice('adapter', adapter, ADAPTERS)
         check_optional_dict('adapter_cfg', adapter_cfg)
-        adapter_cfg = dict(adapter_cfg or {})
+        super().__init__(arch, **kwargs)
+        check_int('frozen_stages', frozen_stages, -1, self.num_layers)
+        self.adapter_type = adapter
+        self.frozen_stages = frozen_stages
         if adapter is None:
-            super().__init__(arch, out_indices=-1 if out_indices is None else out_indices,
-                             **kwargs)
+            self.out_indices = resolve_indices(-1 if out_indices is None else out_indices,
+                                               self.num_layers, 'block indices',
+                                               allow_negative=True)
+            self.adapter = None
         else:
-            super().__init__(arch, **kwargs)  # the trunk's own out_indices: its last block
-            levels = (0, 1, 2, 3) if out_indices is None else out_indices
-            if isinstance(levels, int) and not isinstance(levels, bool):
-                levels = (levels, )
-            if not isinstance(levels, (list, tuple)) or any(
-                    isinstance(i, bool) or i not in (0, 1, 2, 3) for i in levels):
-                raise ValueError(f'out_indices must be pyramid levels in 0..3 with an adapter, '
-                                 f'got {out_indices!r}')
-            self.out_indices = tuple(levels)
+            self.out_indices = resolve_indices((0, 1, 2, 3) if out_indices is None else
+                                               out_indices, 4, 'pyramid levels',
+                                               note=' with an adapter')
             allowed = (4, 8, 16, 32) if adapter == 'simple' else (16, )
             if self.patch_size not in allowed:
                 raise ValueError(f'adapter={adapter!r} needs patch_size in {allowed} (strides '
                                  f'4..32 are built from the stride-patch map), got '
                                  f'{self.patch_size}; checkpoints with other patch sizes are '
                                  'resampled on loading')
-        self.adapter_type = adapter
-        if adapter == 'simple':
-            out_channels = adapter_cfg.pop('out_channels', 256)
-            if adapter_cfg:
-                raise ValueError(f"adapter_cfg for 'simple' accepts out_channels only, got "
-                                 f'{sorted(adapter_cfg)}')
-            self.adapter = SimpleFeaturePyramid(self.embed_dims, out_channels, self.patch_size)
-        elif adapter == 'interaction':
-            self.adapter = self._build_interaction(adapter_cfg)
-        else:
-            self.adapter = None
+            build = self._simple_pyramid if adapter == 'simple' else self._interaction_adapter
+            self.adapter = build(dict(adapter_cfg or {}))
+        self._freeze_stages()
 
-    def _build_interaction(self, cfg: dict) -> nn.Module:
+    def _simple_pyramid(self, cfg: dict) -> SimpleFeaturePyramid:
+        out_channels = cfg.pop('out_channels', 256)
+        if cfg:
+            raise ValueError(f"adapter_cfg for 'simple' accepts out_channels only, got "
+                             f'{sorted(cfg)}')
+        return SimpleFeaturePyramid(self.embed_dims, out_channels, self.patch_size)
+
+    def _interaction_adapter(self, cfg: dict) -> nn.Module:
         """ViT-Adapter's ``InteractionAdapter``; ``interaction_indexes`` defaults to four equal
         groups of blocks and ``num_heads`` (deformable heads) to 6 below ViT-L, 16 from it."""
         from .vit_adapter_modules import InteractionAdapter, _check_interaction_indexes
@@ -590,22 +571,21 @@ class ViTAdapter(VisionTransformerTrunk):
         cfg.setdefault('in_channels', self.in_channels)
         return InteractionAdapter(self.embed_dims, num_heads, indexes, **cfg)
 
+    def frozen_modules(self) -> List[nn.Module]:
+        return self.trunk_frozen_modules(self.frozen_stages)
+
+    def frozen_parameters(self) -> List[nn.Parameter]:
+        return self.trunk_frozen_parameters(self.frozen_stages)
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, C_in, H, W) -> tuple of NCHW maps (see the module docstring for sizes)."""
         check_image_input(x, self.in_channels, model=self)
-        if self.adapter_type is None:
-            return self.forward_trunk(x)
+        if self.adapter is None:
+            return tuple(self.forward_intermediates(x, self.out_indices))
         h, w = x.shape[-2:]
-        multiple = max(32, 2 * self.patch_size)  # the coarsest level is stride 32
+        multiple = self.adapter.size_divisibility
         x = F.pad(x, (0, pad_amount(w, multiple), 0, pad_amount(h, multiple)))
-        if self.adapter_type == 'simple':
-            seq, grid = self.prepare_tokens(x)
-            seq = self.forward_blocks(seq, grid)
-            if self.norm is not None:
-                seq = self.norm(seq)
-            levels = self.adapter(self.seq_to_map(seq, grid))
-        else:
-            levels = self._forward_interaction(x)
+        levels = self.adapter.pyramid(self, x)
         outs = []
         for i in self.out_indices:
             stride = 4 * 2**i
@@ -613,17 +593,3 @@ class ViTAdapter(VisionTransformerTrunk):
             # and mmcv's RoIAlign (CPU) reads its input as dense NCHW memory
             outs.append(crop_to(levels[i], (ceil_div(h, stride), ceil_div(w, stride))).contiguous())
         return tuple(outs)
-
-    def _forward_interaction(self, x: torch.Tensor) -> List[torch.Tensor]:
-        """x padded to a multiple of 32 -> the adapter's 4 maps. The CLS token (if any) is
-        carried between the adapter's calls into the trunk; the adapter sees patch tokens."""
-        seq, grid = self.prepare_tokens(x)
-        p = self.num_prefix_tokens
-        prefix = [seq[:, :p]]
-
-        def run_blocks(tokens: torch.Tensor, start: int, end: int, hw) -> torch.Tensor:
-            out = self.forward_blocks(torch.cat([prefix[0], tokens], dim=1), hw, start, end)
-            prefix[0] = out[:, :p]
-            return out[:, p:]
-
-        return list(self.adapter(x, seq[:, p:], grid, run_blocks))

@@ -5,11 +5,12 @@ deformable cross-attention, giving a 4-level NCHW pyramid at strides 4/8/16/32.
 Data flow, for an image padded to ``H, W`` multiples of 32 and the ViT grid ``(h, w) =
 (H / 16, W / 16)``::
 
+    img --trunk.prepare_tokens--> [CLS | tokens] (B, P + hw, C)
     img --SPM--> c1 (B, C, H/4, W/4) map, c2/c3/c4 maps at strides 8/16/32 (+ level embeddings)
                  c = flattened cat(c2, c3, c4): (B, 4hw + hw + hw/4, C)
     for each interaction group (start, end):
         tokens = Injector(tokens attend to c)            # ViT tokens query the 3 SPM levels
-        tokens = run_blocks(tokens, start, end, (h, w))   # the trunk's own blocks
+        [CLS | tokens] = trunk.forward_blocks([CLS | tokens], (h, w), start, end)
         c      = Extractor(c attends to tokens)           # + ConvFFN; 2 extra ones at the end
     head: c -> maps c2/c3/c4; c1 += up(c2) (2x2 transposed conv); each map += the final ViT
           tokens resized to it (bilinear); optional 1x1 projection; one BatchNorm per level.
@@ -22,17 +23,19 @@ Interface (stable; ``vit.py``'s ``ViTAdapter(adapter='interaction')`` relies on 
         with_cffn=True, drop_path_rate=0., add_vit_feature=True, use_extra_extractor=True,
         with_cp=False, out_channels=None,
         norm_cfg=dict(type='BN'), init_values=0.)      # extras, keyword-only in practice
-    f1, f2, f3, f4 = adapter(img, tokens, grid_hw, run_blocks)
+    f1, f2, f3, f4 = adapter(img, trunk)
 
 - ``interaction_indexes``: half-open block ranges ``[(0, 3), (3, 6), (6, 9), (9, 12)]``,
   contiguous from 0 (the original ViT-Adapter configs write the same groups inclusively,
   ``[[0, 2], [3, 5], ...]``). The caller checks that the last ``end`` equals its depth.
-- ``img``: ``(B, in_channels, H, W)`` already padded so ``H`` and ``W`` are multiples of 32.
-- ``tokens``: ``(B, h * w, embed_dims)`` patch tokens of the stride-16 grid after the
-  position embedding, without the CLS token.
-- ``grid_hw``: ``(h, w) == (H // 16, W // 16)``.
-- ``run_blocks(tokens (B, N, C), start, end, (h, w)) -> (B, N, C)`` runs the trunk's blocks
-  with index in ``[start, end)``.
+- ``img``: ``(B, in_channels, H, W)`` already padded so ``H`` and ``W`` are multiples of 32
+  (``size_divisibility``; the builder pads and crops back).
+- ``trunk``: the ViT the adapter drives, passed in (not owned: its parameters stay the
+  builder's). It provides ``prepare_tokens(img) -> (seq (B, P + h*w, embed_dims), (h, w))``
+  with ``(h, w) == (H // 16, W // 16)`` and ``P = num_prefix_tokens`` leading CLS tokens, and
+  ``forward_blocks(seq, (h, w), start, end)`` running its blocks ``[start, end)``. The adapter
+  reads and writes the patch tokens; the prefix tokens travel through the trunk's blocks with
+  them, as plain values (no state kept between calls).
 - Returns ``(B, out_channels, H/4, W/4)``, ``(.., H/8, W/8)``, ``(.., H/16, W/16)``,
   ``(.., H/32, W/32)``; ``out_channels`` defaults to ``embed_dims``.
 
@@ -43,7 +46,7 @@ State-dict keys follow the original implementation (``level_embed``, ``spm.stem.
 ``norm1``..``norm4``), so released ViT-Adapter weights map by a prefix rename.
 """
 import math
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -51,15 +54,14 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.ops import MultiScaleDeformableAttention
 
-from ..layers import DropPath, is_tracing
+from ..layers import DropPath, build_batch_norm, is_tracing
 from ..utils import check_image_input
-from ...validate import (check_bool, check_number, check_optional_dict, check_positive_int,
-                         check_positive_number, check_probability)
+from ...validate import check_args, check_number, check_positive_int
 
 HW = Tuple[int, int]
-RunBlocks = Callable[[torch.Tensor, int, int, HW], torch.Tensor]
+# what the adapter uses of the trunk it drives (VisionTransformerTrunk provides it)
+TRUNK_PROTOCOL = ('prepare_tokens', 'num_prefix_tokens', 'forward_blocks')
 
-_BATCH_NORMS = {'BN': nn.BatchNorm2d, 'BN2d': nn.BatchNorm2d, 'SyncBN': nn.SyncBatchNorm}
 # The original adapter uses LayerNorm(eps=1e-6) in its injectors and extractors.
 _LN_EPS = 1e-6
 
@@ -190,24 +192,6 @@ def tokens_to_maps(x: torch.Tensor, shapes: Sequence[HW]) -> List[torch.Tensor]:
 def maps_to_tokens(maps: Sequence[torch.Tensor]) -> torch.Tensor:
     """Inverse of ``tokens_to_maps``: NCHW maps -> ``(B, sum(h*w), C)``."""
     return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], dim=1)
-
-
-def build_batch_norm(norm_cfg: Optional[dict], channels: int) -> nn.Module:
-    """BatchNorm from an OpenMMLab ``norm_cfg``: ``type`` 'BN' (default) or 'SyncBN'; optional
-    ``eps``, ``momentum``, ``requires_grad``. (mmengine's runner turns SyncBN back into BN when
-    training is not distributed.)"""
-    cfg = dict(type='BN') if norm_cfg is None else dict(norm_cfg)
-    kind = cfg.pop('type', None)
-    if kind not in _BATCH_NORMS:
-        raise ValueError(f'norm_cfg type must be one of {sorted(_BATCH_NORMS)}, got {norm_cfg!r}')
-    requires_grad = cfg.pop('requires_grad', True)
-    kwargs = {k: cfg.pop(k) for k in ('eps', 'momentum') if k in cfg}
-    if cfg:
-        raise ValueError(f'norm_cfg has unsupported keys {sorted(cfg)}')
-    norm = _BATCH_NORMS[kind](channels, **kwargs)
-    for p in norm.parameters():
-        p.requires_grad = requires_grad
-    return norm
 
 
 def _check_interaction_indexes(interaction_indexes) -> List[HW]:
@@ -384,8 +368,8 @@ class InteractionBlock(nn.Module):
     """Injector -> the trunk's blocks ``[start, end)`` -> extractor (+ ``num_extra_extractors``
     more extractors reading the same final tokens).
 
-    ``forward(x, c, run_blocks, grid_hw, inject_inputs, extract_inputs, c_shapes)`` ->
-    ``(x (B, h*w, C), c (B, Nc, C))``.
+    ``forward(x, c, prefix, trunk, grid_hw, inject_inputs, extract_inputs, c_shapes)`` ->
+    ``(x (B, h*w, C), c (B, Nc, C), prefix (B, P, C))``.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, block_range: HW, n_points: int = 4,
@@ -405,21 +389,21 @@ class InteractionBlock(nn.Module):
             for _ in range(num_extra_extractors)
         ]) if num_extra_extractors else None
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor, run_blocks: RunBlocks, grid_hw: HW,
-                inject_inputs: DeformInputs, extract_inputs: DeformInputs,
-                c_shapes: Sequence[HW]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, c: torch.Tensor, prefix: torch.Tensor, trunk: nn.Module,
+                grid_hw: HW, inject_inputs: DeformInputs, extract_inputs: DeformInputs,
+                c_shapes: Sequence[HW]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: patch tokens (B, h*w, C); prefix: the trunk's prefix (CLS) tokens (B, P, C), which
+        go through the trunk's blocks with them and are returned updated:
+        ``(x, c, prefix)``."""
         x = self.injector(x, c, inject_inputs)
         start, end = self.block_range
-        out = run_blocks(x, start, end, grid_hw)
-        if not is_tracing() and (not isinstance(out, torch.Tensor) or out.shape != x.shape):
-            raise ValueError(f'run_blocks(tokens, {start}, {end}, {grid_hw}) must return a '
-                             f'tensor of shape {tuple(x.shape)}, got '
-                             f'{tuple(out.shape) if isinstance(out, torch.Tensor) else out!r}')
-        x = out
+        p = prefix.shape[1]
+        seq = trunk.forward_blocks(torch.cat([prefix, x], dim=1), grid_hw, start, end)
+        prefix, x = seq[:, :p], seq[:, p:]
         c = self.extractor(c, x, extract_inputs, c_shapes)
         for extractor in self.extra_extractors or ():
             c = extractor(c, x, extract_inputs, c_shapes)
-        return x, c
+        return x, c, prefix
 
 
 # ---------------------------------------------------------------------------------- model
@@ -458,15 +442,13 @@ class InteractionAdapter(nn.Module):
                             ('in_channels', in_channels), ('conv_inplane', conv_inplane),
                             ('n_points', n_points)):
             check_positive_int(name, value)
-        check_positive_number('deform_ratio', deform_ratio)
-        if with_cffn:
-            check_positive_number('cffn_ratio', cffn_ratio)
-        check_probability('drop_path_rate', drop_path_rate)
-        for name, flag in (('with_cffn', with_cffn), ('add_vit_feature', add_vit_feature),
-                           ('use_extra_extractor', use_extra_extractor), ('with_cp', with_cp)):
-            check_bool(name, flag)
+        check_args(positive=dict(deform_ratio=deform_ratio),
+                   optional_positive=dict(cffn_ratio=cffn_ratio if with_cffn else None),
+                   probabilities=dict(drop_path_rate=drop_path_rate),
+                   flags=dict(with_cffn=with_cffn, add_vit_feature=add_vit_feature,
+                              use_extra_extractor=use_extra_extractor, with_cp=with_cp),
+                   cfgs=dict(norm_cfg=norm_cfg))
         check_number('init_values', init_values)
-        check_optional_dict('norm_cfg', norm_cfg)
         value_dims = int(embed_dims * deform_ratio)
         if embed_dims % num_heads or value_dims < num_heads or value_dims % num_heads:
             raise ValueError(f'embed_dims ({embed_dims}) and embed_dims * deform_ratio '
@@ -481,6 +463,7 @@ class InteractionAdapter(nn.Module):
         self.out_channels = out_channels
         self.add_vit_feature = add_vit_feature
         self.init_values = init_values
+        self.size_divisibility = 32  # the padding the builder applies (coarsest level: 32)
 
         self.level_embed = nn.Parameter(torch.zeros(3, embed_dims))
         self.spm = SpatialPriorModule(in_channels, conv_inplane, embed_dims, norm_cfg, with_cp)
@@ -528,47 +511,50 @@ class InteractionAdapter(nn.Module):
                 nn.init.constant_(m.gamma, float(m.init_values))
         nn.init.normal_(self.level_embed)
 
-    def _check_inputs(self, img, tokens, grid_hw, run_blocks) -> HW:
+    def _check_trunk(self, img: torch.Tensor, trunk) -> None:
         if is_tracing():  # sizes are symbolic: checking them would pin them to the example
-            return tuple(grid_hw)
+            return
         check_image_input(img, self.in_channels, name='img')
-        b, _, h_img, w_img = img.shape
+        h_img, w_img = img.shape[-2:]
         if h_img < 32 or w_img < 32 or h_img % 32 or w_img % 32:
             raise ValueError(f'img must be padded so H and W are positive multiples of 32, got '
                              f'H, W = {h_img}, {w_img}')
-        try:
-            hw = tuple(int(v) for v in grid_hw)
-        except TypeError:
-            hw = ()
+        if not all(hasattr(trunk, name) for name in TRUNK_PROTOCOL):
+            raise TypeError(f'trunk must provide {", ".join(TRUNK_PROTOCOL)} (a '
+                            f'VisionTransformerTrunk), got {type(trunk).__name__}')
+
+    def _check_tokens(self, img: torch.Tensor, seq, grid_hw, num_prefix: int) -> HW:
+        if is_tracing():
+            return tuple(grid_hw)
+        b, _, h_img, w_img = img.shape
+        hw = tuple(int(v) for v in grid_hw)
         if hw != (h_img // 16, w_img // 16):
-            raise ValueError(f'grid_hw must be (H // 16, W // 16) = ({h_img // 16}, '
-                             f'{w_img // 16}) for img of shape {tuple(img.shape)}, got '
-                             f'{grid_hw!r}')
-        expected = (b, hw[0] * hw[1], self.embed_dims)
-        got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-        if got != expected:
-            raise ValueError(f'tokens must be (B, h * w, embed_dims) = {expected} (patch tokens '
-                             f'without CLS), got {got}')
-        if not callable(run_blocks):
-            raise TypeError('run_blocks must be callable as run_blocks(tokens, start, end, '
-                            f'(h, w)), got {type(run_blocks).__name__}')
+            raise ValueError(f'the trunk must embed img of shape {tuple(img.shape)} into a '
+                             f'stride-16 grid ({h_img // 16}, {w_img // 16}), got {grid_hw!r}')
+        expected = (b, num_prefix + hw[0] * hw[1], self.embed_dims)
+        if tuple(seq.shape) != expected:
+            raise ValueError(f'the trunk\'s tokens must be (B, prefix + h * w, embed_dims) = '
+                             f'{expected}, got {tuple(seq.shape)}')
         return hw
 
-    def forward(self, img: torch.Tensor, tokens: torch.Tensor, grid_hw: HW,
-                run_blocks: RunBlocks) -> Tuple[torch.Tensor, ...]:
-        """img: (B, C_in, H, W), H and W multiples of 32; tokens: (B, h*w, C) with
-        (h, w) = grid_hw = (H/16, W/16). Returns 4 maps (B, out_channels, H/s, W/s),
-        s = 4, 8, 16, 32."""
-        hw = self._check_inputs(img, tokens, grid_hw, run_blocks)
+    def forward(self, img: torch.Tensor, trunk: nn.Module) -> Tuple[torch.Tensor, ...]:
+        """img: (B, C_in, H, W), H and W multiples of 32; ``trunk`` embeds it into a (H/16,
+        W/16) grid and runs its blocks group by group (``TRUNK_PROTOCOL``). Returns 4 maps
+        (B, out_channels, H/s, W/s), s = 4, 8, 16, 32."""
+        self._check_trunk(img, trunk)
+        seq, grid = trunk.prepare_tokens(img)
+        p = trunk.num_prefix_tokens
+        hw = self._check_tokens(img, seq, grid, p)
+        prefix, x = seq[:, :p], seq[:, p:]
         c1, *levels = self.spm(img)
         c_shapes = [tuple(m.shape[-2:]) for m in levels]
         c = maps_to_tokens([m + e[:, None, None] for m, e in zip(levels, self.level_embed)])
         inject_inputs = deform_inputs([hw], c_shapes, img.device)
         extract_inputs = deform_inputs(c_shapes, [hw], img.device)
 
-        x = tokens
         for block in self.interactions:
-            x, c = block(x, c, run_blocks, hw, inject_inputs, extract_inputs, c_shapes)
+            x, c, prefix = block(x, c, prefix, trunk, hw, inject_inputs, extract_inputs,
+                                 c_shapes)
 
         c2, c3, c4 = tokens_to_maps(c, c_shapes)
         feats = [c1 + self.up(c2), c2, c3, c4]
@@ -582,3 +568,7 @@ class InteractionAdapter(nn.Module):
         return tuple(
             getattr(self, f'norm{i + 1}')(proj(f))
             for i, (proj, f) in enumerate(zip(self.out_projs, feats)))
+
+    def pyramid(self, trunk: nn.Module, img: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The builder's entry point (same as :class:`SimpleFeaturePyramid`'s)."""
+        return self(img, trunk)

@@ -8,6 +8,11 @@ from .switch import fast_path_active, is_tracing, set_fast_path
 from .window import (ceil_div, effective_window, pad_amount, pad_to_multiple,
                      relative_position_index, shift_window_mask, to_tuple, window_gather_index, window_partition,
                      window_reverse)
+from .arch import (linear_drop_path, resolve_arch, resolve_indices, validate_stages,
+                   window_and_shift)
+from .mlp import FcNamedFFN
+from .norm import LayerNorm2d, build_act, build_batch_norm, build_layer_norm, group_norm
+from .stems import MaxPool2dSame, StdConv2d, pad_same, same_padding, standardize_weight
 
 __all__ = [
     'Attention', 'WindowAttention', 'FFN', 'DropPath', 'drop_path_schedule', 'ConvStem',
@@ -16,5 +21,8 @@ __all__ = [
     'resize_pos_embed', 'resize_rel_pos_1d', 'resize_rel_pos_table', 'fast_path_active',
     'is_tracing', 'set_fast_path', 'ceil_div', 'effective_window', 'pad_amount', 'pad_to_multiple',
     'relative_position_index', 'shift_window_mask', 'to_tuple', 'window_gather_index',
-    'window_partition', 'window_reverse'
+    'window_partition', 'window_reverse', 'linear_drop_path', 'resolve_arch', 'resolve_indices',
+    'validate_stages', 'window_and_shift', 'FcNamedFFN', 'LayerNorm2d', 'build_act',
+    'build_batch_norm', 'build_layer_norm', 'group_norm', 'MaxPool2dSame', 'StdConv2d',
+    'pad_same', 'same_padding', 'standardize_weight'
 ]
