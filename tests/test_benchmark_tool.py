@@ -23,6 +23,8 @@ CASES = [
         ['tiny train peak with_cp', 'ours fp32 cp', 'ours fp32', 'peak']]),
     dict(model='swin_tiny_test', kind='rss', scale=0.15, count=3, batch=1, rows=[
         ['tiny rss', 'ours fp32', 'ref fp32', 'rss']]),
+    dict(model='swin_tiny_test', kind='rss_train', sides=(64, 160), count=2, batch=1, rows=[
+        ['tiny rss train', 'ours fp32', 'ref fp32', 'rss']]),
     dict(model='hybrid_vit_t', kind='forward', scale=0.1, count=1, batch=1,
          backbone_kwargs=dict(num_layers=2, cnn_depths=[1, 1, 1]), rows=[
              ['hybrid forward fp32', 'ours fp32', 'ref fp32', 'time']]),
@@ -61,8 +63,8 @@ def test_every_case_kind_reports_its_rows(run):
     assert proc.returncode == 1 and report['errors'] == 1, proc.stderr[-3000:]  # the broken one
     assert {'machine', 'settings', 'cases', 'wall_s', 'errors'} <= set(report)
     assert report['machine']['threads'] == 1 and report['machine']['torch']
-    fwd, train, rss, hybrid, broken = report['cases']
-    for case in (fwd, train, rss, hybrid):
+    fwd, train, rss, rss_train, hybrid, broken = report['cases']
+    for case in (fwd, train, rss, rss_train, hybrid):
         assert 'error' not in case, case.get('error')
         sizes = [tuple(s) for s in case['sizes']]
         assert len(set(sizes)) == len(sizes) == case['case']['count'] + 1
@@ -80,8 +82,10 @@ def test_every_case_kind_reports_its_rows(run):
     assert peak['peak_ratio'] == pytest.approx(peak['peak_mib'] / peak['peak_mib_baseline'])
     assert cp['subject'] == 'ours fp32 cp' and cp['peak_ratio'] > 0
     # rss: growth of each model and the difference
-    r = rss['rows'][0]
-    assert r['rss_diff_mib'] == pytest.approx(r['rss_mib'] - r['rss_mib_baseline'])
+    for r in (rss['rows'][0], rss_train['rows'][0]):
+        assert r['rss_diff_mib'] == pytest.approx(r['rss_mib'] - r['rss_mib_baseline'])
+    # the training memory case draws each side from its range
+    assert all(64 <= s <= 160 for size in rss_train['sizes'] for s in size)
     # a backbone without a reference is timed alone
     h = hybrid['rows'][0]
     assert h['reference'] is None and h['first_ms'] > 0 and h['first_speedup'] is None
@@ -143,7 +147,7 @@ def test_presets_cover_the_targets_and_every_backbone(tool):
     assert any(c['kind'] == 'whole' for c in standard)
     for preset in tool.PRESETS.values():
         for case in preset:
-            assert case['kind'] in ('forward', 'train', 'whole', 'rss')
+            assert case['kind'] in ('forward', 'train', 'whole', 'rss', 'rss_train')
             assert case['model'] in tool.BACKBONES or case['model'] in tool.WHOLE
 
 

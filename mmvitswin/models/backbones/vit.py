@@ -25,9 +25,9 @@ import torch.utils.checkpoint as cp
 
 from ...registry import MODELS
 from ..layers import (FFN, Attention, ConvStem, DropPath, LayerNorm2d, PatchEmbed, build_act,
-                      build_layer_norm, ceil_div, linear_drop_path, merge_windows, pad_amount,
-                      partition_windows, resize_pos_embed, resize_rel_pos_1d, resolve_arch,
-                      resolve_indices, to_tuple)
+                      build_layer_norm, ceil_div, is_tracing, linear_drop_path, merge_windows,
+                      pad_amount, partition_windows, resize_pos_embed, resize_rel_pos_1d,
+                      resolve_arch, resolve_indices, to_tuple)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 from ..utils import (check_args, check_choice, check_image_input, check_int,
                      check_int_sequence, check_optional_dict, check_positive_int)
@@ -591,5 +591,9 @@ class ViTAdapter(VisionTransformerTrunk):
             stride = 4 * 2**i
             # contiguous NCHW: LayerNorm2d leaves channels-last strides and the crop a view,
             # and mmcv's RoIAlign (CPU) reads its input as dense NCHW memory
-            outs.append(crop_to(levels[i], (ceil_div(h, stride), ceil_div(w, stride))).contiguous())
+            # (traced: a clone, whose layout does not hinge on whether the crop removed anything,
+            # a size-dependent fact that would otherwise become a recompile guard)
+            level = crop_to(levels[i], (ceil_div(h, stride), ceil_div(w, stride)))
+            outs.append(level.clone(memory_format=torch.contiguous_format) if is_tracing()
+                        else level.contiguous())
         return tuple(outs)

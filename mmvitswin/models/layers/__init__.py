@@ -6,8 +6,8 @@ from .shifted_window import (ShiftWindowMSA, merge_windows, partition_windows,
                              shifted_window_attention)
 from .switch import fast_path_active, is_tracing, set_fast_path
 from .window import (ceil_div, effective_window, pad_amount, pad_to_multiple,
-                     relative_position_index, shift_window_mask, to_tuple, window_gather_index, window_partition,
-                     window_reverse)
+                     relative_position_index, shift_window_mask, to_tuple, window_gather_index,
+                     window_partition, window_reverse)
 from .arch import (linear_drop_path, resolve_arch, resolve_indices, validate_stages,
                    window_and_shift)
 from .mlp import FcNamedFFN
