@@ -152,3 +152,34 @@ def test_fast_path_switch_is_off_under_autocast_and_tracing_and_gives_the_same_n
         out = ffn(x)
     out.float().sum().backward()
     assert torch.isfinite(ffn.layers[0][0].weight.grad).all()
+
+
+@pytest.mark.parametrize('rows', [3 * 512 + 37, 2 * 512, 300])
+def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(rows):
+    from mmvitswin.models.layers.linear import CHUNK_ROWS, linear
+    assert CHUNK_ROWS == 512
+    torch.manual_seed(0)
+    x = torch.randn(rows // 4, 4, 96, requires_grad=True) if rows % 4 == 0 else \
+        torch.randn(rows, 96, requires_grad=True)
+    weight = torch.randn(160, 96, requires_grad=True)
+    bias = torch.randn(160, requires_grad=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the oneDNN convolution is chosen with more than one thread
+    try:
+        got = linear(x, weight, bias)
+        want = F.linear(x, weight, bias)
+        assert got.shape == want.shape and got.is_contiguous()
+        assert max_rel_err(got, want) < 1e-5
+        g_got = torch.autograd.grad(got.square().sum(), (x, weight, bias))
+        g_want = torch.autograd.grad(want.square().sum(), (x, weight, bias))
+        for a, b in zip(g_got, g_want):
+            assert max_rel_err(a, b) < 1e-5
+        previous = set_fast_path(False)
+        try:  # switched off: exactly F.linear
+            assert torch.equal(linear(x, weight, bias), want)
+        finally:
+            set_fast_path(previous)
+        with torch.autocast('cpu', dtype=torch.bfloat16):  # autocast decides the dtype
+            assert linear(x, weight, bias).dtype == torch.bfloat16
+    finally:
+        torch.set_num_threads(threads)

@@ -4,6 +4,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...compat import custom_bwd, custom_fwd
+from .linear import Linear, linear
 from .switch import fast_path_active
 
 
@@ -40,7 +41,7 @@ class _GeluLinear(torch.autograd.Function):
     def forward(ctx, h, weight, bias):
         ctx.save_for_backward(h, weight)
         ctx.has_bias = bias is not None
-        return F.linear(F.gelu(h), weight, bias)
+        return linear(F.gelu(h), weight, bias)
 
     @staticmethod
     @custom_bwd('cpu')
@@ -65,8 +66,8 @@ class FFN(nn.Module):
                  act_layer=nn.GELU):
         super().__init__()
         self.layers = nn.Sequential(
-            nn.Sequential(nn.Linear(embed_dims, hidden_dims), act_layer(), nn.Dropout(drop)),
-            nn.Linear(hidden_dims, embed_dims), nn.Dropout(drop))
+            nn.Sequential(Linear(embed_dims, hidden_dims), act_layer(), nn.Dropout(drop)),
+            Linear(hidden_dims, embed_dims), nn.Dropout(drop))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fc1, act, drop1 = self.layers[0]

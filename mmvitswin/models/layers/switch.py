@@ -6,9 +6,11 @@ Every layer's default path is plain PyTorch (``F.linear``, ``F.gelu``,
 taken only where :func:`fast_path_active` says so: the switch is on, every tensor is on the CPU,
 no autocast is active, and nothing is being traced (dynamo/compile, export, ONNX, TorchScript).
 
-Today one thing sits behind it: the FFN's recomputed-GELU backward (``layers.ffn``), which
-keeps a quarter less activation memory per transformer block in fp32 CPU training.
-``set_fast_path(False)`` (or ``MMVITSWIN_FAST_PATH=0`` in the environment) turns it off.
+Two things sit behind it: the FFN's recomputed-GELU backward (``layers.ffn``), which keeps a
+quarter less activation memory per transformer block in fp32 CPU training, and the fp32 linear
+layers through oneDNN in fixed-size row chunks (``layers.linear``: a bounded set of kernels
+whatever the input sizes). ``set_fast_path(False)`` (or ``MMVITSWIN_FAST_PATH=0`` in the
+environment) turns both off.
 """
 import os
 
