@@ -24,9 +24,12 @@ CHUNK_ROWS = 512
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through fixed-size oneDNN chunks where the switch allows."""
+    # the switch first: while tracing, the row count below is symbolic and must not be compared
+    if not fast_path_active(x, weight):
+        return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (rows < CHUNK_ROWS or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or torch.get_num_threads() < 2 or not fast_path_active(x, weight)):
+            or torch.get_num_threads() < 2):
         return F.linear(x, weight, bias)
     k = x.shape[-1]
     flat = x.reshape(rows, k)
