@@ -182,7 +182,7 @@ def test_killed_or_interrupted_while_saving_then_resumed(work):
     proc = _start(work, cfg, wd, '--resume', A13_SLOW_SAVE='iter_4.pth', A13_MARKER=marker)
     _wait_for(proc, marker)
     proc.send_signal(signal.SIGINT)
-    code, out = _finish(proc, 120)
+    code, out = _finish(proc)
     assert code != 0 and 'KeyboardInterrupt' in out
     assert 'resumed epoch: 0, iter: 2' in out
     assert not (wd / 'iter_4.pth').exists() and (wd / 'iter_2.pth').exists()
