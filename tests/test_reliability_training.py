@@ -123,9 +123,12 @@ def _config(work, name, imports=(), extra=''):
 
 
 def _start(work, cfg, wd, *args, **env):
+    # the child gets Ctrl-C's default disposition even if something in this test process has
+    # set SIGINT to be ignored (an ignored signal is inherited, and Python keeps it ignored)
     return subprocess.Popen([PY, 'tools/train.py', cfg, '--work-dir', str(wd), *args],
                             cwd=ROOT, env=_env(work, **env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for(proc, marker, timeout=300):
