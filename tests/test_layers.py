@@ -154,15 +154,60 @@ def test_fast_path_switch_is_off_under_autocast_and_tracing_and_gives_the_same_n
     assert torch.isfinite(ffn.layers[0][0].weight.grad).all()
 
 
-@pytest.mark.parametrize('rows', [3 * 512 + 37, 2 * 512, 300])
-def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(rows):
-    from mmvitswin.models.layers.linear import CHUNK_ROWS, linear
-    assert CHUNK_ROWS == 512
+@pytest.mark.parametrize('named', [False, True])
+def test_ffn_inference_through_chunks_equals_the_layers(named):
+    """No grad, fp32, 2 threads: the FFN runs fc1-GELU-fc2 chunk by chunk (layers.linear.
+    mlp_inference); same numbers as the plain layers, and the plain path where grad is needed."""
+    from mmvitswin.models.layers.linear import mlp_inference
+    from mmvitswin.models.layers.mlp import FcNamedFFN
     torch.manual_seed(0)
-    x = torch.randn(rows // 4, 4, 96, requires_grad=True) if rows % 4 == 0 else \
-        torch.randn(rows, 96, requires_grad=True)
+    ffn = (FcNamedFFN if named else FFN)(48, 192).eval()
+    x = torch.randn(2, 1024 + 256 + 64 + 21, 48)  # ladder chunks and an F.linear remainder
+    fc1, act, _ = ffn.layers[0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            assert mlp_inference(x, fc1, act, ffn.layers[1]) is not None
+            got = ffn(x)
+            previous = set_fast_path(False)
+            try:
+                assert mlp_inference(x, fc1, act, ffn.layers[1]) is None
+                want = ffn(x)
+            finally:
+                set_fast_path(previous)
+        assert got.shape == want.shape and max_rel_err(got, want) < 1e-5
+        assert mlp_inference(x, fc1, act, ffn.layers[1]) is None  # parameters need grad
+        assert mlp_inference(x[:, :10], fc1, act, ffn.layers[1]) is None  # too few rows
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_chunk_plan_uses_the_ladder_only_and_covers_the_rows():
+    from mmvitswin.models.layers.linear import CHUNK_ROWS, _chunks
+    assert list(CHUNK_ROWS) == sorted(CHUNK_ROWS, reverse=True)
+    for rows in (0, 5, CHUNK_ROWS[-1], 2 * CHUNK_ROWS[0] + CHUNK_ROWS[-1] + 7, 100003):
+        spans, covered = _chunks(rows)
+        assert all(size in CHUNK_ROWS for _, size in spans)  # a bounded set of kernel shapes
+        ends = [0] + [start + size for start, size in spans]
+        assert [start for start, _ in spans] == ends[:-1] and ends[-1] == covered
+        assert 0 <= rows - covered < CHUNK_ROWS[-1]
+
+
+# rows: every ladder size plus a remainder; whole chunks only; one chunk and a remainder; too few
+@pytest.mark.parametrize('rows,bias,input_grad', [
+    (4096 + 2048 + 1024 + 512 + 256 + 128 + 64 + 37, True, True), (2 * 512, True, True),
+    (128 + 44, False, True),
+    (2 * 512 + 5, True, False), (50, True, True)])
+def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(
+        rows, bias, input_grad):
+    from mmvitswin.models.layers.linear import linear
+    torch.manual_seed(0)
+    x = torch.randn(rows // 4, 4, 96) if rows % 4 == 0 else torch.randn(rows, 96)
+    x.requires_grad_(input_grad)
     weight = torch.randn(160, 96, requires_grad=True)
-    bias = torch.randn(160, requires_grad=True)
+    bias = torch.randn(160, requires_grad=True) if bias else None
+    wrt = [t for t in (x, weight, bias) if t is not None and t.requires_grad]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the oneDNN convolution is chosen with more than one thread
     try:
@@ -170,10 +215,10 @@ def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(r
         want = F.linear(x, weight, bias)
         assert got.shape == want.shape and got.is_contiguous()
         assert max_rel_err(got, want) < 1e-5
-        g_got = torch.autograd.grad(got.square().sum(), (x, weight, bias))
-        g_want = torch.autograd.grad(want.square().sum(), (x, weight, bias))
+        g_got = torch.autograd.grad(got.square().sum(), wrt)
+        g_want = torch.autograd.grad(want.square().sum(), wrt)
         for a, b in zip(g_got, g_want):
-            assert max_rel_err(a, b) < 1e-5
+            assert a.shape == b.shape and max_rel_err(a, b) < 1e-5
         previous = set_fast_path(False)
         try:  # switched off: exactly F.linear
             assert torch.equal(linear(x, weight, bias), want)

@@ -4,7 +4,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...compat import custom_bwd, custom_fwd
-from .linear import Linear, linear
+from .linear import Linear, linear, linear_grads, mlp_inference
 from .switch import fast_path_active
 
 
@@ -50,10 +50,9 @@ class _GeluLinear(torch.autograd.Function):
         with torch.enable_grad():
             h_leaf = h.detach().requires_grad_()
             g = F.gelu(h_leaf)
-        flat_grad = grad_out.reshape(-1, grad_out.shape[-1])
-        grad_w = flat_grad.t() @ g.detach().reshape(-1, g.shape[-1])
-        grad_b = flat_grad.sum(0) if ctx.has_bias else None
-        grad_h, = torch.autograd.grad(g, h_leaf, grad_out @ weight)
+        grad_g, grad_w, grad_b = linear_grads(grad_out, g.detach(), weight,
+                                              bias_grad=ctx.has_bias)
+        grad_h, = torch.autograd.grad(g, h_leaf, grad_g)
         return grad_h, grad_w, grad_b
 
 
@@ -72,6 +71,10 @@ class FFN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fc1, act, drop1 = self.layers[0]
         fc2, drop2 = self.layers[1], self.layers[2]
+        if not (self.training and (drop1.p > 0 or drop2.p > 0)):
+            out = mlp_inference(x, fc1, act, fc2)
+            if out is not None:
+                return out
         recompute_gelu = (type(act) is nn.GELU and act.approximate == 'none'
                           and not (self.training and drop1.p > 0) and torch.is_grad_enabled()
                           and fast_path_active(x, fc1.weight))

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .linear import Linear
 from .switch import is_tracing
 from .window import pad_amount, to_tuple
 
@@ -115,7 +116,7 @@ class PatchMerging(nn.Module):
         out_channels = out_channels or 2 * in_channels
         self.channel_order = channel_order
         self.norm = nn.LayerNorm(4 * in_channels)
-        self.reduction = nn.Linear(4 * in_channels, out_channels, bias=False)
+        self.reduction = Linear(4 * in_channels, out_channels, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         *lead, h, w, c = x.shape
