@@ -183,21 +183,25 @@ def test_ffn_inference_through_chunks_equals_the_layers(named):
         torch.set_num_threads(threads)
 
 
-def test_chunk_plan_uses_the_ladder_only_and_covers_the_rows():
-    from mmvitswin.models.layers.linear import CHUNK_ROWS, _chunks
+@pytest.mark.parametrize('features', [(384, 1536), (96, 96)])
+def test_chunk_plan_uses_the_ladder_only_and_covers_the_rows(features):
+    from mmvitswin.models.layers.linear import CHUNK_ROWS, MIN_CHUNK_MACS, _chunks
     assert list(CHUNK_ROWS) == sorted(CHUNK_ROWS, reverse=True)
+    macs_per_row = features[0] * features[1]
+    smallest = min(s for s in CHUNK_ROWS if s * macs_per_row >= MIN_CHUNK_MACS)
     for rows in (0, 5, CHUNK_ROWS[-1], 2 * CHUNK_ROWS[0] + CHUNK_ROWS[-1] + 7, 100003):
-        spans, covered = _chunks(rows)
-        assert all(size in CHUNK_ROWS for _, size in spans)  # a bounded set of kernel shapes
+        spans, covered = _chunks(rows, *features)
+        assert all(size in CHUNK_ROWS and size >= smallest for _, size in spans)  # bounded set
         ends = [0] + [start + size for start, size in spans]
         assert [start for start, _ in spans] == ends[:-1] and ends[-1] == covered
-        assert 0 <= rows - covered < CHUNK_ROWS[-1]
+        assert 0 <= rows - covered < smallest
 
 
-# rows: every ladder size plus a remainder; whole chunks only; one chunk and a remainder; too few
+# rows (160 x 96 features: chunks of 512 rows and up): several chunks plus a remainder; whole
+# chunks only; one chunk and a remainder without bias; the same without input grad; too few
 @pytest.mark.parametrize('rows,bias,input_grad', [
     (4096 + 2048 + 1024 + 512 + 256 + 128 + 64 + 37, True, True), (2 * 512, True, True),
-    (128 + 44, False, True),
+    (512 + 44, False, True),
     (2 * 512 + 5, True, False), (50, True, True)])
 def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(
         rows, bias, input_grad):

@@ -31,6 +31,13 @@ def _runs_in_fp16(q: torch.Tensor) -> bool:
             and get_autocast_dtype(device) == torch.float16)
 
 
+def _sdpa_pays(q: torch.Tensor) -> bool:
+    """Whether ``F.scaled_dot_product_attention`` beats the explicit form for ``q``: not for
+    bf16 on CPU, where its fused kernel is about 1.4x slower than matmul + softmax on
+    window-sized sequences (2-core AVX-512/AMX, torch 2.13; fp32 is the other way round)."""
+    return not (q.dtype == torch.bfloat16 and q.device.type == 'cpu')
+
+
 class Attention(nn.Module):
     """Multi-head self-attention over the second-to-last dim.
 
@@ -77,16 +84,21 @@ class Attention(nn.Module):
 
     def _attend(self, q, k, v, bias):
         drop = self.attn_drop if self.training else 0.
-        if bias is not None and bias.dtype != q.dtype:
-            bias = bias.to(q.dtype)
-        if self.use_sdpa and not (bias is not None and bias.requires_grad):
+        if self.use_sdpa and _sdpa_pays(q) and not (bias is not None and bias.requires_grad):
+            if bias is not None and bias.dtype != q.dtype:
+                bias = bias.to(q.dtype)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
         # scaling the product in place saves keeping a scaled copy of q for backward
         attn = (q @ k.transpose(-2, -1)).mul_(self.scale)
+        # Half-precision logits: in inference the softmax runs in fp32 (faster on CPU, and
+        # exact); with autograd it stays in the logits' dtype so that the probabilities kept
+        # for backward take half the memory.
+        keep_dtype = attn.requires_grad or (bias is not None and bias.requires_grad)
         if bias is not None:
-            attn = attn + bias
-        attn = attn.softmax(dim=-1)
+            attn = attn + (bias.to(attn.dtype) if keep_dtype else bias)
+        half = attn.dtype in (torch.float16, torch.bfloat16)
+        attn = attn.softmax(dim=-1, dtype=torch.float32 if half and not keep_dtype else None)
         if drop:
             attn = F.dropout(attn, drop, training=True)
         return attn.to(v.dtype) @ v
@@ -158,7 +170,7 @@ class WindowAttention(Attention):
         # One bias per window and head, (nW, heads, N, N), broadcast over the images.
         window_bias = bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)
         qkv = self.qkv(x).view(b, nw, n, 3, self.num_heads, self.head_dim)
-        if self.use_sdpa and not window_bias.requires_grad:
+        if self.use_sdpa and _sdpa_pays(qkv) and not window_bias.requires_grad:
             # The fused kernel wants 4-D inputs: windows and heads share one dim, so the
             # (1, nW * heads, N, N) bias broadcasts over the batch without being copied.
             q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).reshape(3, b, nw * self.num_heads, n,

@@ -8,8 +8,10 @@ weight gradient. oneDNN builds and keeps a kernel ("primitive") for every input 
 so feeding it each new image size would grow memory without bound (measured: 1 GiB over 600
 shapes). The fast path therefore cuts the rows into chunks whose sizes come from the fixed
 ladder ``CHUNK_ROWS`` (largest first): at most ``len(CHUNK_ROWS)`` primitives per (in, out)
-feature pair and direction, a fixed number per model whatever the input sizes. The last
-``< min(CHUNK_ROWS)`` rows go through ``F.linear``/``mm``.
+feature pair and direction, a fixed number per model whatever the input sizes. Chunks with
+less work than ``MIN_CHUNK_MACS`` are not made (oneDNN's per-call cost would eat the gain); the
+rows left over go through ``F.linear``/``mm``. In inference the FFN runs both its layers chunk
+by chunk (:func:`mlp_inference`), so its hidden activation never exists whole.
 
 Forward and backward are one autograd function (:class:`_ChunkedLinear`): the input gradient is
 the same chunked product with the transposed weight, the weight gradient a sum of per-chunk
@@ -31,15 +33,21 @@ from ...compat import custom_bwd, custom_fwd
 from .switch import fast_path_active
 
 #: Chunk sizes in rows, largest first. Large chunks amortise the per-call cost; the halving
-#: steps cover any remainder with at most one call per size and leave fewer than
-#: ``CHUNK_ROWS[-1]`` rows to ``F.linear``.
+#: steps cover any remainder with at most one call per size.
 CHUNK_ROWS = (4096, 2048, 1024, 512, 256, 128, 64)
+#: Least work (multiply-adds) of one chunk: below it ``F.linear`` is as fast or faster (narrow
+#: layers on few rows), so smaller chunks are not made and those rows go to ``F.linear``.
+MIN_CHUNK_MACS = 4 << 20
 
 
-def _chunks(rows: int) -> Tuple[List[Tuple[int, int]], int]:
-    """``([(start, size), ...], covered)``: consecutive chunks from the ladder, greedily."""
+def _chunks(rows: int, in_features: int,
+            out_features: int) -> Tuple[List[Tuple[int, int]], int]:
+    """``([(start, size), ...], covered)``: consecutive chunks from the ladder, greedily, none
+    with less work than ``MIN_CHUNK_MACS``; rows ``covered:`` are left over."""
     spans, start = [], 0
     for size in CHUNK_ROWS:
+        if size * in_features * out_features < MIN_CHUNK_MACS:
+            break
         while rows - start >= size:
             spans.append((start, size))
             start += size
@@ -80,7 +88,7 @@ class _ChunkedLinear(torch.autograd.Function):
     def forward(ctx, flat, weight, bias):
         ctx.save_for_backward(flat, weight)
         ctx.has_bias = bias is not None
-        return _conv_rows(flat, *_chunks(flat.shape[0]), weight, bias)
+        return _conv_rows(flat, *_chunks(flat.shape[0], *weight.shape), weight, bias)
 
     @staticmethod
     @custom_bwd('cpu')
@@ -99,7 +107,7 @@ def linear_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     flat = x.reshape(-1, k)
     fast = (fast_path_active(g, weight) and g.dtype == torch.float32
             and flat.dtype == torch.float32 and torch.get_num_threads() > 1)
-    spans, covered = _chunks(g.shape[0]) if fast else ([], 0)
+    spans, covered = _chunks(g.shape[0], n, k) if fast else ([], 0)
     if spans:
         g = g.contiguous()
         flat = flat.contiguous()
@@ -126,14 +134,16 @@ def linear_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
 
 def _chunk_rows(x: torch.Tensor, *weights: torch.Tensor) -> int:
-    """The row count of ``x`` when the chunked path applies to it, else 0."""
+    """The row count of ``x`` when the chunked path applies to it (the first weight gives it
+    at least one chunk), else 0."""
     # the switch first: while tracing, the row count below is symbolic and must not be compared
     if not fast_path_active(x, *weights):
         return 0
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if (rows < CHUNK_ROWS[-1] or torch.get_num_threads() < 2
-            or any(t.dtype != torch.float32 for t in (x, *weights))):
+            or any(t.dtype != torch.float32 for t in (x, *weights))
+            or not _chunks(rows, *weights[0].shape)[0]):
         return 0
     return rows
 
@@ -157,7 +167,8 @@ def mlp_inference(x: torch.Tensor, fc1: nn.Linear, act: nn.Module, fc2: nn.Linea
     if not rows:
         return None
     flat = x.reshape(rows, x.shape[-1]).contiguous()
-    out = _conv_rows(flat, *_chunks(rows), fc1.weight, fc1.bias, (act, fc2.weight, fc2.bias))
+    out = _conv_rows(flat, *_chunks(rows, *fc1.weight.shape), fc1.weight, fc1.bias,
+                     then=(act, fc2.weight, fc2.bias))
     return out.view(*x.shape[:-1], fc2.weight.shape[0])
 
 

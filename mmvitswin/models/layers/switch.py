@@ -6,11 +6,12 @@ Every layer's default path is plain PyTorch (``F.linear``, ``F.gelu``,
 taken only where :func:`fast_path_active` says so: the switch is on, every tensor is on the CPU,
 no autocast is active, and nothing is being traced (dynamo/compile, export, ONNX, TorchScript).
 
-Two things sit behind it: the FFN's recomputed-GELU backward (``layers.ffn``), which keeps a
+What sits behind it: the FFN's recomputed-GELU backward (``layers.ffn``), which keeps a
 quarter less activation memory per transformer block in fp32 CPU training, and the fp32 linear
-layers through oneDNN in fixed-size row chunks (``layers.linear``: a bounded set of kernels
-whatever the input sizes). ``set_fast_path(False)`` (or ``MMVITSWIN_FAST_PATH=0`` in the
-environment) turns both off.
+layers through oneDNN in row chunks from a fixed ladder of sizes (``layers.linear``: a bounded
+set of kernels whatever the input sizes), forward and backward, with the FFN's two layers run
+chunk by chunk in inference. ``set_fast_path(False)`` (or ``MMVITSWIN_FAST_PATH=0`` in the
+environment) turns all of it off.
 """
 import os
 
