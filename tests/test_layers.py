@@ -197,7 +197,7 @@ def test_chunk_plan_uses_the_ladder_only_and_covers_the_rows(features):
         assert 0 <= rows - covered < smallest
 
 
-# rows (160 x 96 features: chunks of 512 rows and up): several chunks plus a remainder; whole
+# rows (96 -> 640 features: chunks of 512 rows and up): several chunks plus a remainder; whole
 # chunks only; one chunk and a remainder without bias; the same without input grad; too few
 @pytest.mark.parametrize('rows,bias,input_grad', [
     (4096 + 2048 + 1024 + 512 + 256 + 128 + 64 + 37, True, True), (2 * 512, True, True),
@@ -209,8 +209,8 @@ def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(
     torch.manual_seed(0)
     x = torch.randn(rows // 4, 4, 96) if rows % 4 == 0 else torch.randn(rows, 96)
     x.requires_grad_(input_grad)
-    weight = torch.randn(160, 96, requires_grad=True)
-    bias = torch.randn(160, requires_grad=True) if bias else None
+    weight = torch.randn(640, 96, requires_grad=True)
+    bias = torch.randn(640, requires_grad=True) if bias else None
     wrt = [t for t in (x, weight, bias) if t is not None and t.requires_grad]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the oneDNN convolution is chosen with more than one thread

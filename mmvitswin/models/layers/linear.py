@@ -14,7 +14,7 @@ rows left over go through ``F.linear``/``mm``. In inference the FFN runs both it
 by chunk (:func:`mlp_inference`), so its hidden activation never exists whole.
 
 Forward and backward are one autograd function (:class:`_ChunkedLinear`): the input gradient is
-the same chunked product with the transposed weight, the weight gradient a sum of per-chunk
+the same chunking through 1x1 transposed convolutions, the weight gradient a sum of per-chunk
 oneDNN weight gradients. (Letting autograd differentiate the chunks one by one would give every
 row slice a full-size zero gradient to add up: quadratic in the row count.)
 
@@ -37,7 +37,7 @@ from .switch import fast_path_active
 CHUNK_ROWS = (4096, 2048, 1024, 512, 256, 128, 64)
 #: Least work (multiply-adds) of one chunk: below it ``F.linear`` is as fast or faster (narrow
 #: layers on few rows), so smaller chunks are not made and those rows go to ``F.linear``.
-MIN_CHUNK_MACS = 4 << 20
+MIN_CHUNK_MACS = 16 << 20
 
 
 def _chunks(rows: int, in_features: int,
@@ -55,27 +55,33 @@ def _chunks(rows: int, in_features: int,
 
 
 def _conv_rows(flat: torch.Tensor, spans, covered: int, weight: torch.Tensor,
-               bias: Optional[torch.Tensor], then=None) -> torch.Tensor:
-    """``flat @ weight.T + bias`` for a 2-D ``flat``: chunks as 1x1 convolutions, the rest as
-    ``F.linear``. ``then = (activation, weight2, bias2)`` applies a second linear layer after
-    the activation chunk by chunk (an MLP whose hidden rows never exist all at once)."""
+               bias: Optional[torch.Tensor], then=None, transposed: bool = False) -> torch.Tensor:
+    """``flat @ weight.T + bias`` for a 2-D ``flat`` (``flat @ weight`` with ``transposed``,
+    the input gradient of a linear layer): chunks as 1x1 convolutions (transposed: 1x1
+    transposed convolutions, no copy of the weight), the rest as ``F.linear``/``mm``.
+    ``then = (activation, weight2, bias2)`` applies a second linear layer after the activation
+    chunk by chunk (an MLP whose hidden rows never exist all at once)."""
     rows, k = flat.shape
-    layers = [(weight, bias)] if then is None else [(weight, bias), then[1:]]
+    conv = F.conv_transpose2d if transposed else F.conv2d
+    layers = [(conv, weight, bias)]
+    if then is not None:
+        layers.append((F.conv2d, *then[1:]))
 
     def product(start, size):
         # a channels-last input gives a channels-last output, the next layer's input
         h = flat[start:start + size].view(1, size, 1, k).permute(0, 3, 1, 2)
-        for i, (w, b) in enumerate(layers):
-            h = F.conv2d(then[0](h) if i else h, w[:, :, None, None], b)
+        for i, (op, w, b) in enumerate(layers):
+            h = op(then[0](h) if i else h, w[:, :, None, None], b)
         return h.permute(0, 2, 3, 1).reshape(size, -1)  # rows again, without a copy
 
     if covered == rows and len(spans) == 1:
         return product(0, rows)
-    out = flat.new_empty(rows, layers[-1][0].shape[0])
+    n_out = layers[-1][1].shape[1 if transposed and then is None else 0]
+    out = flat.new_empty(rows, n_out)
     for start, size in spans:
         out[start:start + size] = product(start, size)
     if covered < rows:
-        rest = F.linear(flat[covered:], weight, bias)
+        rest = flat[covered:] @ weight if transposed else F.linear(flat[covered:], weight, bias)
         out[covered:] = rest if then is None else F.linear(then[0](rest), *then[1:])
     return out
 
@@ -113,7 +119,7 @@ def linear_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         flat = flat.contiguous()
     grad_x = grad_w = grad_b = None
     if input_grad:
-        grad_x = (_conv_rows(g, spans, covered, weight.t().contiguous(), None) if spans
+        grad_x = (_conv_rows(g, spans, covered, weight, None, transposed=True) if spans
                   else g @ weight).view(x.shape)
     if weight_grad:
         if spans:
