@@ -141,9 +141,9 @@ def test_presets_cover_the_targets_and_every_backbone(tool):
     used = {tool.BACKBONES[c['model']]['type'] for c in standard if c['model'] in tool.BACKBONES}
     assert registered <= used
     labels = [r[0] for c in standard for r in c['rows']]
-    assert len(labels) == len(set(labels)) == 13
+    assert len(labels) == len(set(labels)) == 19
     metrics = [r[3] for c in standard for r in c['rows']]
-    assert metrics.count('peak') == 2 and metrics.count('time') == 11
+    assert metrics.count('peak') == 2 and metrics.count('time') == 17
     assert any(c['kind'] == 'whole' for c in standard)
     for preset in tool.PRESETS.values():
         for case in preset:

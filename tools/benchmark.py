@@ -77,22 +77,32 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
 # into the backbone config).
 # A variant is 'ours'|'ref' + dtype (+ ' cp' for with_cp=True); 'bf16' follows --dtype.
 _SWIN = dict(model='swin_t', scale=0.4, batch=1)
+
+
+def _swin_speed_rows(kind: str, suffix: str = '') -> list:
+    """The fp32 and bf16 time rows of a Swin-T forward or train-step case."""
+    what = 'forward' if kind == 'forward' else 'train step'
+    amp = '' if kind == 'forward' else ' AMP'
+    return [[f'Swin-T {what} fp32{suffix}', 'ours fp32', 'ref fp32', 'time'],
+            [f'Swin-T {what} bf16{amp} vs ref fp32{suffix}', 'ours bf16', 'ref fp32', 'time'],
+            [f'Swin-T {what} bf16{amp} vs ref bf16{suffix}', 'ours bf16', 'ref bf16', 'time']]
+
+
 PRESETS = {
     'standard': [
-        dict(_SWIN, kind='forward', count=6, rows=[
-            ['Swin-T forward fp32', 'ours fp32', 'ref fp32', 'time'],
-            ['Swin-T forward bf16 vs ref fp32', 'ours bf16', 'ref fp32', 'time'],
-            ['Swin-T forward bf16 vs ref bf16', 'ours bf16', 'ref bf16', 'time']]),
-        dict(_SWIN, kind='train', count=3, rows=[
-            ['Swin-T train step fp32', 'ours fp32', 'ref fp32', 'time'],
-            ['Swin-T train step bf16 AMP vs ref fp32', 'ours bf16', 'ref fp32', 'time'],
-            ['Swin-T train step bf16 AMP vs ref bf16', 'ours bf16', 'ref bf16', 'time'],
+        dict(_SWIN, kind='forward', count=12, rows=_swin_speed_rows('forward')),
+        dict(_SWIN, kind='train', count=6, rows=_swin_speed_rows('train') + [
             ['Swin-T train step peak memory, bf16 AMP vs ref fp32', 'ours bf16', 'ref fp32',
              'peak']]),
+        # the detection recipe's own sizes (short side 480-800, long side up to 1344)
+        dict(_SWIN, kind='forward', scale=1.0, count=6,
+             rows=_swin_speed_rows('forward', ', recipe sizes')),
+        dict(_SWIN, kind='train', scale=1.0, count=3,
+             rows=_swin_speed_rows('train', ', recipe sizes')),
         dict(_SWIN, kind='train', count=0, rows=[
             ['Swin-T train step peak memory, with_cp=True vs without (fp32)', 'ours fp32 cp',
              'ours fp32', 'peak']]),
-        dict(model='maskrcnn', kind='whole', scale=0.5, count=3, batch=1, rows=[
+        dict(model='maskrcnn', kind='whole', scale=0.5, count=4, batch=1, rows=[
             ['Mask R-CNN Swin-T train iteration, --amp bf16 vs ref fp32', 'ours bf16',
              'ref fp32', 'time']]),
         dict(model='vit_adapter_simple_t', kind='forward', scale=0.4, count=3, batch=1, rows=[
