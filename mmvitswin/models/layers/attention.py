@@ -2,12 +2,14 @@
 
 ``Attention`` projects ``x: (..., N, C)`` to q/k/v, adds an optional additive bias (relative
 position bias, shift mask, or both) and runs ``F.scaled_dot_product_attention``; the plain
-matmul + softmax path gives the same numbers and is taken when the bias needs a gradient (or
-with ``use_sdpa=False``). ``WindowAttention`` adds the learned N-D relative-position bias table
-used by Swin (2-D and 3-D) and windowed ViT blocks.
+matmul + softmax path gives the same numbers and is taken when the bias needs a gradient, for
+bf16 on CPU (where it is the faster of the two), or with ``use_sdpa=False``.
+``WindowAttention`` adds the learned N-D relative-position bias table used by Swin (2-D and
+3-D) and windowed ViT blocks.
 
 Mixed precision: in fp16 (autocast or an fp16 model) the logits and the softmax run in fp32 and
-the result is cast back, so large logits cannot overflow; bf16 has fp32's range and runs as is.
+the result is cast back, so large logits cannot overflow; bf16 has fp32's range and runs as is
+(in inference its softmax runs in fp32).
 Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
 on every call (small next to the attention itself), broadcast over the batch, never stored.
 """
