@@ -91,17 +91,18 @@ class _ChunkedLinear(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd('cpu')
-    def forward(ctx, flat, weight, bias):
+    def forward(ctx, flat, weight, bias, spans, covered):
         ctx.save_for_backward(flat, weight)
         ctx.has_bias = bias is not None
-        return _conv_rows(flat, *_chunks(flat.shape[0], *weight.shape), weight, bias)
+        return _conv_rows(flat, spans, covered, weight, bias)
 
     @staticmethod
     @custom_bwd('cpu')
     def backward(ctx, grad_out):
         flat, weight = ctx.saved_tensors
-        return linear_grads(grad_out, flat, weight, ctx.needs_input_grad[0],
-                            ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        grads = linear_grads(grad_out, flat, weight, ctx.needs_input_grad[0],
+                             ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        return (*grads, None, None)
 
 
 def linear_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
@@ -111,9 +112,7 @@ def linear_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     n, k = weight.shape
     g = grad_out.reshape(-1, n)
     flat = x.reshape(-1, k)
-    fast = (fast_path_active(g, weight) and g.dtype == torch.float32
-            and flat.dtype == torch.float32 and torch.get_num_threads() > 1)
-    spans, covered = _chunks(g.shape[0], n, k) if fast else ([], 0)
+    _, spans, covered = _plan(g, weight, flat)
     if spans:
         g = g.contiguous()
         flat = flat.contiguous()
@@ -139,27 +138,29 @@ def linear_grads(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     return grad_x, grad_w, grad_b
 
 
-def _chunk_rows(x: torch.Tensor, *weights: torch.Tensor) -> int:
-    """The row count of ``x`` when the chunked path applies to it (the first weight gives it
-    at least one chunk), else 0."""
+def _plan(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor):
+    """``(rows, spans, covered)`` of the chunked path for the rows of ``x`` times ``weight``
+    (``_chunks``; ``others`` must qualify too), or ``(0, [], 0)`` where it does not apply: the
+    switch is off, fewer than two threads, not all fp32, or not one chunk's worth of work."""
     # the switch first: while tracing, the row count below is symbolic and must not be compared
-    if not fast_path_active(x, *weights):
-        return 0
+    if not fast_path_active(x, weight, *others):
+        return 0, [], 0
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if (rows < CHUNK_ROWS[-1] or torch.get_num_threads() < 2
-            or any(t.dtype != torch.float32 for t in (x, *weights))
-            or not _chunks(rows, *weights[0].shape)[0]):
-        return 0
-    return rows
+            or any(t.dtype != torch.float32 for t in (x, weight, *others))):
+        return 0, [], 0
+    spans, covered = _chunks(rows, *weight.shape)
+    return (rows, spans, covered) if spans else (0, [], 0)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, through fixed-size oneDNN chunks where the switch allows."""
-    rows = _chunk_rows(x, weight)
+    rows, spans, covered = _plan(x, weight)
     if not rows:
         return F.linear(x, weight, bias)
-    out = _ChunkedLinear.apply(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias)
+    out = _ChunkedLinear.apply(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias, spans,
+                               covered)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -169,12 +170,11 @@ def mlp_inference(x: torch.Tensor, fc1: nn.Linear, act: nn.Module, fc2: nn.Linea
     fast path does not apply (then run the layers as usual)."""
     if torch.is_grad_enabled() and any(p.requires_grad for p in (x, fc1.weight, fc2.weight)):
         return None
-    rows = _chunk_rows(x, fc1.weight, fc2.weight)
+    rows, spans, covered = _plan(x, fc1.weight, fc2.weight)
     if not rows:
         return None
     flat = x.reshape(rows, x.shape[-1]).contiguous()
-    out = _conv_rows(flat, *_chunks(rows, *fc1.weight.shape), fc1.weight, fc1.bias,
-                     then=(act, fc2.weight, fc2.bias))
+    out = _conv_rows(flat, spans, covered, fc1.weight, fc1.bias, then=(act, fc2.weight, fc2.bias))
     return out.view(*x.shape[:-1], fc2.weight.shape[0])
 
 
