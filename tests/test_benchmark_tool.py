@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, 'tools', 'benchmark.py')
@@ -141,14 +142,55 @@ def test_presets_cover_the_targets_and_every_backbone(tool):
     used = {tool.BACKBONES[c['model']]['type'] for c in standard if c['model'] in tool.BACKBONES}
     assert registered <= used
     labels = [r[0] for c in standard for r in c['rows']]
-    assert len(labels) == len(set(labels)) == 19
+    assert len(labels) == len(set(labels)) == 24
     metrics = [r[3] for c in standard for r in c['rows']]
-    assert metrics.count('peak') == 2 and metrics.count('time') == 17
+    assert metrics.count('peak') == 4 and metrics.count('time') == 20
+    variants = {v for c in standard for r in c['rows'] for v in r[1:3] if v}
+    assert {'ours fp32 compiled', 'ours bf16 compiled', 'ours fp32 cp'} <= variants
     assert any(c['kind'] == 'whole' for c in standard)
     for preset in tool.PRESETS.values():
         for case in preset:
             assert case['kind'] in ('forward', 'train', 'whole', 'rss', 'rss_train')
             assert case['model'] in tool.BACKBONES or case['model'] in tool.WHOLE
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason='needs Linux procfs')
+def test_cpu_peak_counts_memory_held_at_once(tool):
+    """Blocks freed during the call do not count; blocks held together do, once each."""
+    mib = 2**20
+    device = torch.device('cpu')
+
+    def one_at_a_time():
+        for _ in range(12):
+            torch.ones(6 * mib // 4).sum()  # 6 MiB, freed at once
+
+    def held(n):
+        def fn():
+            blocks = [torch.ones(6 * mib // 4) for _ in range(n)]
+            return sum(b[0] for b in blocks)
+        return fn
+
+    assert tool.peak_bytes(one_at_a_time, device) < 16 * mib
+    for n in (4, 10):
+        assert abs(tool.peak_bytes(held(n), device) - 6 * n * mib) < 6 * mib
+
+
+def test_compile_blocks_wraps_each_repeated_block(tool):
+    """Regional compilation: the blocks of every stage, not the stages or the whole model."""
+    from mmdet.models.backbones import SwinTransformer as MMDetSwin
+
+    import mmvitswin  # noqa: F401
+    from mmvitswin.registry import MODELS
+    kwargs = dict(embed_dims=32, depths=[2, 2, 4, 2], num_heads=[1, 2, 4, 8])
+    for model, block_type in ((MODELS.build(dict(type='SwinTransformer', **kwargs)), 'SwinBlock'),
+                              (MMDetSwin(**kwargs), 'SwinBlock')):
+        stage_types = {type(s) for s in model.stages}
+        assert tool.compile_blocks(model) == 10
+        assert {type(s) for s in model.stages} == stage_types  # stages stay eager
+        for stage in model.stages:
+            for block in stage.blocks:
+                assert isinstance(block, torch._dynamo.eval_frame.OptimizedModule)
+                assert type(block._orig_mod).__name__ == block_type
 
 
 def test_backbone_option_replaces_swin_t(tool):

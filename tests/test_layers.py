@@ -127,7 +127,37 @@ def test_attention_under_autocast_trains_and_fp16_logits_cannot_overflow(dtype):
         assert not torch.isfinite(q @ k.transpose(-2, -1)).all()
 
 
-def test_fast_path_switch_is_off_under_autocast_and_tracing_and_gives_the_same_numbers():
+@pytest.fixture
+def fast_path_on():
+    """Force the fast path on, whatever this CPU's default (``auto``) is."""
+    previous = set_fast_path(True)
+    yield
+    set_fast_path(previous)
+
+
+def test_fast_path_default_follows_the_cpu_vendor(monkeypatch):
+    from mmvitswin.models.layers import switch
+    x = torch.randn(3, 5, 16)
+    previous = set_fast_path(None)
+    try:
+        for vendor, on in (('AuthenticAMD', True), ('HygonGenuine', True),
+                           ('GenuineIntel', False), ('', False)):
+            monkeypatch.setattr(switch, '_vendor', vendor)
+            assert switch.fast_path_pays_here() is on and fast_path_active(x) is on
+        assert set_fast_path(False) is None and not fast_path_active(x)  # forced off on AMD
+        monkeypatch.setattr(switch, '_vendor', 'GenuineIntel')
+        set_fast_path(True)
+        assert fast_path_active(x)  # forced on on Intel
+    finally:
+        set_fast_path(previous)
+    monkeypatch.setattr(switch, '_vendor', None)
+    assert isinstance(switch.cpu_vendor(), str)  # read again from this machine
+    with pytest.raises(TypeError, match='enabled'):
+        set_fast_path('yes')
+
+
+def test_fast_path_switch_is_off_under_autocast_and_tracing_and_gives_the_same_numbers(
+        fast_path_on):
     ffn = FFN(16, 64)
     x = torch.randn(3, 5, 16, requires_grad=True)
     assert fast_path_active(x)
@@ -155,7 +185,7 @@ def test_fast_path_switch_is_off_under_autocast_and_tracing_and_gives_the_same_n
 
 
 @pytest.mark.parametrize('named', [False, True])
-def test_ffn_inference_through_chunks_equals_the_layers(named):
+def test_ffn_inference_through_chunks_equals_the_layers(named, fast_path_on):
     """No grad, fp32, 2 threads: the FFN runs fc1-GELU-fc2 chunk by chunk (layers.linear.
     mlp_inference); same numbers as the plain layers, and the plain path where grad is needed."""
     from mmvitswin.models.layers.linear import mlp_inference
@@ -204,7 +234,7 @@ def test_chunk_plan_uses_the_ladder_only_and_covers_the_rows(features):
     (512 + 44, False, True),
     (2 * 512 + 5, True, False), (50, True, True)])
 def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(
-        rows, bias, input_grad):
+        rows, bias, input_grad, fast_path_on):
     from mmvitswin.models.layers.linear import linear
     torch.manual_seed(0)
     x = torch.randn(rows // 4, 4, 96) if rows % 4 == 0 else torch.randn(rows, 96)

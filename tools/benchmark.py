@@ -75,7 +75,8 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
 # scale (of the recipe's sizes) or sides (low, high: H and W drawn independently), count (sizes
 # per pass), batch, rows: [label, subject, baseline, metric], optional backbone_kwargs (merged
 # into the backbone config).
-# A variant is 'ours'|'ref' + dtype (+ ' cp' for with_cp=True); 'bf16' follows --dtype.
+# A variant is 'ours'|'ref' + dtype, then optional flags: ' cp' (with_cp=True), ' compiled'
+# (compile_blocks); 'bf16' follows --dtype. --compile adds ' compiled' to every variant.
 _SWIN = dict(model='swin_t', scale=0.4, batch=1)
 
 
@@ -96,12 +97,23 @@ PRESETS = {
              'peak']]),
         # the detection recipe's own sizes (short side 480-800, long side up to 1344)
         dict(_SWIN, kind='forward', scale=1.0, count=6,
-             rows=_swin_speed_rows('forward', ', recipe sizes')),
+             rows=_swin_speed_rows('forward', ', recipe sizes') + [
+                 ['Swin-T forward fp32 compiled vs ref fp32, recipe sizes', 'ours fp32 compiled',
+                  'ref fp32', 'time'],
+                 ['Swin-T forward bf16 compiled vs ref fp32, recipe sizes', 'ours bf16 compiled',
+                  'ref fp32', 'time'],
+                 ['Swin-T forward bf16 compiled vs ours bf16 eager, recipe sizes',
+                  'ours bf16 compiled', 'ours bf16', 'time']]),
         dict(_SWIN, kind='train', scale=1.0, count=3,
-             rows=_swin_speed_rows('train', ', recipe sizes')),
+             rows=_swin_speed_rows('train', ', recipe sizes') + [
+                 ['Swin-T train step peak memory, bf16 AMP vs ref fp32, recipe sizes',
+                  'ours bf16', 'ref fp32', 'peak']]),
         dict(_SWIN, kind='train', count=0, rows=[
             ['Swin-T train step peak memory, with_cp=True vs without (fp32)', 'ours fp32 cp',
              'ours fp32', 'peak']]),
+        dict(_SWIN, kind='train', scale=1.0, count=0, rows=[
+            ['Swin-T train step peak memory, with_cp=True vs without (fp32), recipe sizes',
+             'ours fp32 cp', 'ours fp32', 'peak']]),
         dict(model='maskrcnn', kind='whole', scale=0.5, count=4, batch=1, rows=[
             ['Mask R-CNN Swin-T train iteration, --amp bf16 vs ref fp32', 'ours bf16',
              'ref fp32', 'time']]),
@@ -241,10 +253,30 @@ def _status_kib(field: str) -> Optional[int]:
     return int(found.group(1)) if found else None
 
 
+# glibc mallopt parameters, and the values its dynamic mmap threshold settles at in a process
+# that frees large blocks (the 64-bit ceiling: 32 MiB, trim at twice that)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_SETTLED_MMAP, _EXACT_MMAP = 32 * MIB, 128 * 1024
+
+
+def _mmap_threshold(size: int) -> bool:
+    """Set glibc's mmap (and trim) threshold; False where that is not glibc."""
+    if _LIBC is None or not hasattr(_LIBC, 'mallopt'):
+        return False
+    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, size)) and bool(
+        _LIBC.mallopt(_M_TRIM_THRESHOLD, 2 * size))
+
+
 def peak_bytes(fn, device) -> Optional[int]:
     """Peak memory increase during ``fn()``: CUDA max_memory_allocated over the allocation
     before; CPU the resident high-water mark (VmHWM, reset by writing 5 to
-    /proc/self/clear_refs) over the RSS before. None where the reset is refused."""
+    /proc/self/clear_refs) over the RSS before. None where the reset is refused.
+
+    On the CPU every block of 128 KiB or more is mapped and unmapped on its own during the
+    call, so the high-water mark counts the memory the call holds at once: with glibc's
+    default, blocks up to 32 MiB are served from its heap, which keeps freed pages resident
+    and fragments, and the mark moved by ~50 MiB between runs. The threshold is set back to
+    the value glibc's own adjustment reaches in a long run after the call."""
     _settle()
     if device.type == 'cuda':
         sync(device)
@@ -259,9 +291,14 @@ def peak_bytes(fn, device) -> Optional[int]:
     except OSError:
         fn()
         return None
-    before = _status_kib('VmRSS')
-    fn()
-    return max(0, max(_status_kib('VmHWM'), _status_kib('VmRSS')) - before) * 1024
+    exact = _mmap_threshold(_EXACT_MMAP)
+    try:
+        before = _status_kib('VmRSS')
+        fn()
+        return max(0, max(_status_kib('VmHWM'), _status_kib('VmRSS')) - before) * 1024
+    finally:
+        if exact:
+            _mmap_threshold(_SETTLED_MMAP)
 
 
 def machine_info(device) -> dict:
@@ -376,11 +413,8 @@ class Subject:
             model = copy.deepcopy(self.ref if impl == 'ref' else self.base)
         model.to(self.device)
         model.train(self.case['kind'] in ('train', 'whole', 'rss_train'))  # mmdet's train() returns None
-        if self.args.compile:
-            if self.case['kind'] == 'whole':
-                model.backbone = torch.compile(model.backbone)
-            else:
-                model = torch.compile(model)
+        if 'compiled' in flags or self.args.compile:
+            compile_blocks(model)
         return model
 
     def make_input(self, size, index: int):
@@ -391,6 +425,35 @@ class Subject:
         gen = torch.Generator().manual_seed(seed)
         shape = (batch, 3) + ((self.frames, ) if self.frames else ()) + tuple(size)
         return torch.randn(shape, generator=gen).to(self.device)
+
+
+def compile_blocks(model: nn.Module) -> int:
+    """Regional compilation: ``torch.compile(dynamic=True)`` each module of every repeated run
+    of blocks (an ``nn.ModuleList`` of two or more modules of one class that holds no such run
+    itself, e.g. a Swin stage's blocks), in place; the rest stays eager. Blocks of one class and
+    width share a compiled graph, so a model compiles in a few minutes where the whole graph
+    takes many more, and dynamic shapes spare a recompilation per input size. Returns the
+    number of compiled modules."""
+    def runs(module):
+        return [m for m in module.children() if isinstance(m, nn.ModuleList) and len(m) > 1
+                and len({type(b) for b in m}) == 1]
+
+    def inner(module) -> bool:
+        return any(runs(m) for m in module.modules())
+
+    from torch._dynamo import config as dynamo_config
+    for attr in ('recompile_limit', 'cache_size_limit'):  # one entry per block width, shift,
+        if hasattr(dynamo_config, attr):                  # dtype: more than the default 8
+            setattr(dynamo_config, attr, max(getattr(dynamo_config, attr), 512))
+    count = 0
+    for module in list(model.modules()):
+        for blocks in runs(module):
+            if any(inner(b) for b in blocks):
+                continue
+            for i, block in enumerate(blocks):
+                blocks[i] = torch.compile(block, dynamic=True)
+                count += 1
+    return count
 
 
 def _levels(out) -> List[torch.Tensor]:
@@ -616,7 +679,8 @@ def parse_args(argv=None):
                    help='whose Swin the backbone cases compare with (whole models: the host)')
     p.add_argument('--dtype', choices=['bf16', 'fp16'], default='bf16',
                    help='the low precision of the autocast rows (fp16: CUDA)')
-    p.add_argument('--compile', action='store_true', help='torch.compile every variant')
+    p.add_argument('--compile', action='store_true',
+                   help='compile every variant (compile_blocks: each block, dynamic shapes)')
     p.add_argument('--count', type=int, help='sizes per pass, overriding every case')
     p.add_argument('--device', default='cpu')
     p.add_argument('--threads', type=int, help='torch threads (default: every usable CPU)')
@@ -652,11 +716,6 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     if device.type == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    if args.compile:
-        from torch._dynamo import config as dynamo_config
-        for attr in ('recompile_limit', 'cache_size_limit'):  # every size may be a new graph
-            if hasattr(dynamo_config, attr):
-                setattr(dynamo_config, attr, 512)
     import mmvitswin  # noqa: F401  (registers ours, bridges into mmdet/mmseg)
     from mmengine.logging import MMLogger
     MMLogger.get_instance('mmvitswin-benchmark', log_level='WARNING')
