@@ -38,6 +38,7 @@ import os
 import platform
 import random
 import re
+import subprocess
 import sys
 import time
 import traceback
@@ -96,7 +97,7 @@ PRESETS = {
             ['Swin-T train step peak memory, bf16 AMP vs ref fp32', 'ours bf16', 'ref fp32',
              'peak']]),
         # the detection recipe's own sizes (short side 480-800, long side up to 1344)
-        dict(_SWIN, kind='forward', scale=1.0, count=6,
+        dict(_SWIN, kind='forward', scale=1.0, count=4,
              rows=_swin_speed_rows('forward', ', recipe sizes') + [
                  ['Swin-T forward fp32 compiled vs ref fp32, recipe sizes', 'ours fp32 compiled',
                   'ref fp32', 'time'],
@@ -253,30 +254,11 @@ def _status_kib(field: str) -> Optional[int]:
     return int(found.group(1)) if found else None
 
 
-# glibc mallopt parameters, and the values its dynamic mmap threshold settles at in a process
-# that frees large blocks (the 64-bit ceiling: 32 MiB, trim at twice that)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_SETTLED_MMAP, _EXACT_MMAP = 32 * MIB, 128 * 1024
-
-
-def _mmap_threshold(size: int) -> bool:
-    """Set glibc's mmap (and trim) threshold; False where that is not glibc."""
-    if _LIBC is None or not hasattr(_LIBC, 'mallopt'):
-        return False
-    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, size)) and bool(
-        _LIBC.mallopt(_M_TRIM_THRESHOLD, 2 * size))
-
-
 def peak_bytes(fn, device) -> Optional[int]:
     """Peak memory increase during ``fn()``: CUDA max_memory_allocated over the allocation
     before; CPU the resident high-water mark (VmHWM, reset by writing 5 to
-    /proc/self/clear_refs) over the RSS before. None where the reset is refused.
-
-    On the CPU every block of 128 KiB or more is mapped and unmapped on its own during the
-    call, so the high-water mark counts the memory the call holds at once: with glibc's
-    default, blocks up to 32 MiB are served from its heap, which keeps freed pages resident
-    and fragments, and the mark moved by ~50 MiB between runs. The threshold is set back to
-    the value glibc's own adjustment reaches in a long run after the call."""
+    /proc/self/clear_refs) over the RSS before. None where the reset is refused. On the CPU
+    call it in a process started with :data:`EXACT_HEAP` (see :func:`peaks_in_child`)."""
     _settle()
     if device.type == 'cuda':
         sync(device)
@@ -291,14 +273,53 @@ def peak_bytes(fn, device) -> Optional[int]:
     except OSError:
         fn()
         return None
-    exact = _mmap_threshold(_EXACT_MMAP)
-    try:
-        before = _status_kib('VmRSS')
-        fn()
-        return max(0, max(_status_kib('VmHWM'), _status_kib('VmRSS')) - before) * 1024
-    finally:
-        if exact:
-            _mmap_threshold(_SETTLED_MMAP)
+    before = _status_kib('VmRSS')
+    fn()
+    return max(0, max(_status_kib('VmHWM'), _status_kib('VmRSS')) - before) * 1024
+
+
+# glibc: every block of 128 KiB or more mapped on its own and unmapped when freed
+EXACT_HEAP = dict(MALLOC_MMAP_THRESHOLD_='131072', MALLOC_TRIM_THRESHOLD_='131072')
+
+
+def peaks_in_child(case: dict, args, names: List[str], warmup, size, index: int) -> dict:
+    """CPU peak memory of each variant in ``names`` (warm-up call at ``warmup``, then the peak of
+    one call at ``size``), measured in a fresh process of this tool started with
+    :data:`EXACT_HEAP`. In a process that has already run other cases glibc serves blocks of up
+    to 32 MiB from heap space it keeps resident after they are freed, so the high-water mark
+    counts memory the call no longer holds (a with_cp step read 1.3 GiB there against 0.5 GiB
+    in a fresh process). Returns ``{name: bytes or None}``; a failure raises RuntimeError."""
+    spec = dict(case=case, args=vars(args), names=names, warmup=warmup, size=size, index=index,
+                backbone=BACKBONES.get(case['model']))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), '--peak-child'],
+                          input=json.dumps(spec), capture_output=True, text=True,
+                          env=dict(os.environ, **EXACT_HEAP))
+    if proc.returncode != 0:
+        raise RuntimeError(f'peak measurement failed: {proc.stderr.strip()[-500:]}')
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _peak_child() -> int:
+    """The process :func:`peaks_in_child` starts: the spec on stdin, the peaks (JSON) on the
+    last line of stdout."""
+    spec = json.load(sys.stdin)
+    args = argparse.Namespace(**spec['args'])
+    device = torch.device('cpu')
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    if spec['backbone'] is not None:
+        BACKBONES[spec['case']['model']] = spec['backbone']
+    import mmvitswin  # noqa: F401
+    subject = Subject(spec['case'], args, device)
+    peaks = {}
+    for name in spec['names']:
+        model = subject.variant(name)
+        call = make_call(spec['case']['kind'], model, name.split()[1], device)
+        call(subject.make_input(tuple(spec['warmup']), 0))
+        x = subject.make_input(tuple(spec['size']), spec['index'])
+        peaks[name] = peak_bytes(lambda: call(x), device)
+        del model, call, x
+    print(json.dumps(peaks))
+    return 0
 
 
 def machine_info(device) -> dict:
@@ -565,10 +586,25 @@ def run_case(case: dict, args, device) -> dict:
         if any(r['metric'] == 'peak' for r in rows):
             big = max(sizes, key=lambda s: s[0] * s[1])
             record['peak_size'] = big
-            x = subject.make_input(big, sizes.index(big))
-            for name in order:
-                record['variants'][name]['peak_bytes'] = run(
-                    name, lambda: peak_bytes(lambda: calls[name](x), device))
+            index = sizes.index(big)
+            if device.type == 'cpu':
+                names = [n for r in rows if r['metric'] == 'peak'
+                         for n in (r['subject'], r['baseline']) if n in calls]
+                names = list(dict.fromkeys(names))
+                try:
+                    peaks = peaks_in_child(case, args, names, sizes[0], big, index)
+                except RuntimeError as exc:  # keep the times; the peak rows show the error
+                    print(exc, file=sys.stderr)
+                    peaks = {}
+                    for name in names:
+                        record['variants'][name]['error'] = str(exc).splitlines()[0][:200]
+                for name in names:
+                    record['variants'][name]['peak_bytes'] = peaks.get(name)
+            else:
+                x = subject.make_input(big, index)
+                for name in order:
+                    record['variants'][name]['peak_bytes'] = run(
+                        name, lambda: peak_bytes(lambda: calls[name](x), device))
     record['rows'] = [dict(r, **summarize_row(r, record['variants'])) for r in rows]
     return record
 
@@ -711,6 +747,8 @@ def load_cases(args) -> List[dict]:
 
 
 def main(argv=None) -> int:
+    if (argv if argv is not None else sys.argv[1:]) == ['--peak-child']:
+        return _peak_child()
     args = parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
