@@ -7,6 +7,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from ...compat import get_autocast_dtype, is_autocast_enabled
 from .attention import WindowAttention
 from .switch import is_tracing
 from .window import ceil_div, effective_window, shift_window_mask, window_gather_index
@@ -57,6 +58,11 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     """
     if clamp_to_input:
         window, shift = effective_window(tuple(x.shape[1:-1]), window, shift)
+    device = x.device.type
+    if x.dtype == torch.float32 and is_autocast_enabled(device):
+        # the projection casts its input to autocast's dtype anyway: cast before the window
+        # gather, which then moves half the bytes (same values either way)
+        x = x.to(get_autocast_dtype(device))
     windows, scatter, padded = partition_windows(x, window, shift)
     mask = shift_window_mask(padded, window, shift, x.device) if any(shift) else None
     return merge_windows(attn(windows, mask), scatter, x.shape)
