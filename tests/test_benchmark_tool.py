@@ -207,6 +207,14 @@ def test_compile_blocks_wraps_each_repeated_block(tool):
                 assert type(block._orig_mod).__name__ == block_type
 
 
+def test_only_and_skip_select_rows_by_label(tool):
+    case = dict(model='swin_tiny_test', kind='forward', scale=0.1, count=1, rows=[
+        ['tiny compiled', 'ours fp32 compiled', 'ref fp32', 'time']])
+    cpu = torch.device('cpu')
+    for argv in (['--skip', 'compiled'], ['--only', 'eager'], ['--only', 'tiny', '--skip', 'ny c']):
+        assert tool.run_case(case, tool.parse_args(argv), cpu) == dict(case=case, rows=[])
+
+
 def test_backbone_option_replaces_swin_t(tool):
     args = tool.parse_args(['--backbone', 'ViTAdapter', '--backbone-kwargs',
                             json.dumps(dict(arch='tiny', adapter='simple'))])

@@ -287,7 +287,7 @@ def peaks_in_child(case: dict, args, names: List[str], warmup, size, index: int)
     one call at ``size``), measured in a fresh process of this tool started with
     :data:`EXACT_HEAP`. In a process that has already run other cases glibc serves blocks of up
     to 32 MiB from heap space it keeps resident after they are freed, so the high-water mark
-    counts memory the call no longer holds (a with_cp step read 1.3 GiB there against 0.5 GiB
+    counts memory the call no longer holds (a with_cp step read 1.3 GiB there against 0.44 GiB
     in a fresh process). Returns ``{name: bytes or None}``; a failure raises RuntimeError."""
     spec = dict(case=case, args=vars(args), names=names, warmup=warmup, size=size, index=index,
                 backbone=BACKBONES.get(case['model']))
@@ -519,7 +519,8 @@ def run_case(case: dict, args, device) -> dict:
     for label, subj, base, metric in case['rows']:
         label, subj, base = (n and n.replace('bf16', args.dtype) for n in (label, subj, base))
         label = label.replace('{count}', str(count))
-        if not args.only or any(s in label for s in args.only):
+        if (not args.only or any(s in label for s in args.only)) and not any(
+                s in label for s in args.skip or ()):
             rows.append(dict(label=label + (' [compiled]' if args.compile else ''),
                              subject=subj, baseline=base, metric=metric))
     if not rows:
@@ -709,6 +710,7 @@ def parse_args(argv=None):
     p.add_argument('--preset', choices=sorted(PRESETS), default='standard')
     p.add_argument('--cases', help='JSON or YAML file with a list of cases (instead of --preset)')
     p.add_argument('--only', nargs='+', help='run only rows whose label contains one of these')
+    p.add_argument('--skip', nargs='+', help='leave out rows whose label contains one of these')
     p.add_argument('--backbone', help='registered type replacing Swin-T in the backbone cases')
     p.add_argument('--backbone-kwargs', default='{}', help='JSON merged into that backbone')
     p.add_argument('--reference', choices=['mmdet', 'mmseg', 'none'], default='mmdet',
