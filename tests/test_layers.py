@@ -144,6 +144,7 @@ def test_fast_path_default_follows_the_cpu_vendor(monkeypatch):
                            ('GenuineIntel', False), ('', False)):
             monkeypatch.setattr(switch, '_vendor', vendor)
             assert switch.fast_path_pays_here() is on and fast_path_active(x) is on
+        monkeypatch.setattr(switch, '_vendor', 'AuthenticAMD')
         assert set_fast_path(False) is None and not fast_path_active(x)  # forced off on AMD
         monkeypatch.setattr(switch, '_vendor', 'GenuineIntel')
         set_fast_path(True)
