@@ -214,6 +214,36 @@ def test_compile_blocks_wraps_each_repeated_block(tool):
             setattr(dynamo_config, attr, value)
 
 
+def test_separable_roi_layers_swaps_every_avg_roi_align(tool):
+    """The ' sep' variant: each mmcv RoIAlign of a Mask R-CNN becomes a SeparableRoIAlign
+    with the same settings, and the detector's RoI features stay mmcv's."""
+    from mmcv.ops import RoIAlign
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    import mmvitswin  # noqa: F401
+    from mmdet.registry import MODELS
+    from mmvitswin.ops import SeparableRoIAlign
+    cfg = Config.fromfile(os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_swin_nano_shapes.py'))
+    for key in ('bbox_roi_extractor', 'mask_roi_extractor'):  # the stock mmdet heads
+        cfg.model.roi_head[key].update(type='SingleRoIExtractor', roi_layer=dict(
+            cfg.model.roi_head[key].roi_layer, type='RoIAlign'))
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = MODELS.build(cfg.model)
+    extractor = model.roi_head.bbox_roi_extractor
+    feats = [torch.randn(1, 64, 64 // s, 64 // s) for s in (4, 8, 16, 32)]
+    rois = torch.tensor([[0, 2.0, 3.0, 40.0, 30.0], [0, 10.0, 0.0, 63.0, 60.0],
+                         [0, 0.0, 0.0, 9.0, 12.0]])
+    before = extractor(feats, rois)
+    settings = [(tuple(m.output_size), m.spatial_scale, m.sampling_ratio, m.aligned)
+                for m in model.modules() if isinstance(m, RoIAlign)]
+    assert tool.separable_roi_layers(model) == len(settings) == 8
+    assert not any(isinstance(m, RoIAlign) for m in model.modules())
+    assert [(m.output_size, m.spatial_scale, m.sampling_ratio, m.aligned) for m in
+            model.modules() if isinstance(m, SeparableRoIAlign)] == settings
+    torch.testing.assert_close(extractor(feats, rois), before, atol=2e-5, rtol=1e-4)
+
+
 def test_only_and_skip_select_rows_by_label(tool):
     case = dict(model='swin_tiny_test', kind='forward', scale=0.1, count=1, rows=[
         ['tiny compiled', 'ours fp32 compiled', 'ref fp32', 'time']])

@@ -77,7 +77,8 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
 # per pass), batch, rows: [label, subject, baseline, metric], optional backbone_kwargs (merged
 # into the backbone config).
 # A variant is 'ours'|'ref' + dtype, then optional flags: ' cp' (with_cp=True), ' compiled'
-# (compile_blocks); 'bf16' follows --dtype. --compile adds ' compiled' to every variant.
+# (compile_blocks), ' sep' (whole detectors: RoI layers -> SeparableRoIAlign); 'bf16' follows
+# --dtype. --compile adds ' compiled' to every variant.
 _SWIN = dict(model='swin_t', scale=0.4, batch=1)
 
 
@@ -117,7 +118,9 @@ PRESETS = {
              'ours fp32 cp', 'ours fp32', 'peak']]),
         dict(model='maskrcnn', kind='whole', scale=0.5, count=4, batch=1, rows=[
             ['Mask R-CNN Swin-T train iteration, --amp bf16 vs ref fp32', 'ours bf16',
-             'ref fp32', 'time']]),
+             'ref fp32', 'time'],
+            ['Mask R-CNN Swin-T train iteration, --amp bf16 + SeparableRoIAlign vs ref fp32',
+             'ours bf16 sep', 'ref fp32', 'time']]),
         dict(model='vit_adapter_simple_t', kind='forward', scale=0.4, count=3, batch=1, rows=[
             ['ViTAdapter-T simple forward fp32', 'ours fp32', None, 'time']]),
         dict(model='vit_adapter_interaction_t', kind='forward', scale=0.4, count=3, batch=1,
@@ -420,6 +423,8 @@ class Subject:
             model = copy.deepcopy(self.base)
             if impl == 'ref':
                 model.backbone = copy.deepcopy(self.ref)
+            if 'sep' in flags:
+                separable_roi_layers(model)
         elif 'cp' in flags:
             from mmvitswin.registry import MODELS
             cfg = dict(self.backbone_cfg, with_cp=True)
@@ -446,6 +451,22 @@ class Subject:
         gen = torch.Generator().manual_seed(seed)
         shape = (batch, 3) + ((self.frames, ) if self.frames else ()) + tuple(size)
         return torch.randn(shape, generator=gen).to(self.device)
+
+
+def separable_roi_layers(model: nn.Module) -> int:
+    """Replace every mmcv ``RoIAlign`` in ``model`` by a ``SeparableRoIAlign`` of the same
+    settings (what ``SeparableRoIExtractor`` builds); returns how many were replaced."""
+    from mmcv.ops import RoIAlign
+    from mmvitswin.ops import SeparableRoIAlign
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, RoIAlign) and child.pool_mode == 'avg':
+                setattr(module, name, SeparableRoIAlign(
+                    child.output_size, child.spatial_scale, child.sampling_ratio,
+                    aligned=child.aligned))
+                swapped += 1
+    return swapped
 
 
 def compile_blocks(model: nn.Module) -> int:

@@ -51,9 +51,11 @@ model = dict(
         loss_bbox=dict(type='L1Loss', loss_weight=1.0)),
     roi_head=dict(
         type='StandardRoIHead',
+        # mmcv's RoIAlign values, computed as matrix products: its CPU backward was a third of
+        # the iteration (docs/benchmarks.md)
         bbox_roi_extractor=dict(
-            type='SingleRoIExtractor',
-            roi_layer=dict(type='RoIAlign', output_size=7, sampling_ratio=0),
+            type='SeparableRoIExtractor',
+            roi_layer=dict(type='SeparableRoIAlign', output_size=7, sampling_ratio=0),
             out_channels=64,
             featmap_strides=[4, 8, 16, 32]),
         bbox_head=dict(
@@ -69,8 +71,8 @@ model = dict(
             loss_cls=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
             loss_bbox=dict(type='L1Loss', loss_weight=1.0)),
         mask_roi_extractor=dict(
-            type='SingleRoIExtractor',
-            roi_layer=dict(type='RoIAlign', output_size=14, sampling_ratio=0),
+            type='SeparableRoIExtractor',
+            roi_layer=dict(type='SeparableRoIAlign', output_size=14, sampling_ratio=0),
             out_channels=64,
             featmap_strides=[4, 8, 16, 32]),
         mask_head=dict(
@@ -92,7 +94,7 @@ model = dict(
             pos_weight=-1,
             debug=False),
         rpn_proposal=dict(
-            nms_pre=1000, max_per_img=300, nms=dict(type='nms', iou_threshold=0.7),
+            nms_pre=500, max_per_img=300, nms=dict(type='nms', iou_threshold=0.7),
             min_bbox_size=0),
         rcnn=dict(
             assigner=dict(
