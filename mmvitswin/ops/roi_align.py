@@ -18,18 +18,12 @@ from typing import List, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from ..validate import (check_bool, check_non_negative_int, check_positive_number,
+                        int_tuple)
+
 # Most gathered elements (RoIs x window rows x window columns x channels) held at once.
 MAX_CROP_ELEMENTS = 1 << 24
 _MIN_GROUP = 32
-
-
-def _pair(value, name: str) -> Tuple[int, int]:
-    pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
-    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                 for v in pair):
-        raise ValueError(f'{name} must be a positive int or a pair of positive ints, '
-                         f'got {value!r}')
-    return pair
 
 
 def _axis_weights(start: Tensor, size: Tensor, bins: int, sampling_ratio: int,
@@ -120,13 +114,10 @@ def roi_align(input: Tensor, rois: Tensor, output_size: Union[int, Sequence[int]
                          f'{tuple(rois.shape) if isinstance(rois, Tensor) else type(rois)}')
     if not input.is_floating_point():
         raise TypeError(f'input must be a floating-point tensor, got {input.dtype}')
-    out_h, out_w = _pair(output_size, 'output_size')
-    if isinstance(sampling_ratio, bool) or not isinstance(sampling_ratio, int) \
-            or sampling_ratio < 0:
-        raise ValueError(f'sampling_ratio must be an int >= 0 (0: adaptive), got '
-                         f'{sampling_ratio!r}')
-    if not spatial_scale > 0:
-        raise ValueError(f'spatial_scale must be > 0, got {spatial_scale!r}')
+    out_h, out_w = int_tuple('output_size', output_size, 2)
+    sampling_ratio = check_non_negative_int('sampling_ratio', sampling_ratio)  # 0: adaptive
+    spatial_scale = check_positive_number('spatial_scale', spatial_scale)
+    aligned = check_bool('aligned', aligned)
     batch, channels, height, width = input.shape
     n = rois.shape[0]
     if n == 0 or channels == 0:
@@ -194,7 +185,7 @@ class SeparableRoIAlign(nn.Module):
         if use_torchvision:
             raise ValueError('SeparableRoIAlign is its own implementation; '
                              'use_torchvision must be False')
-        self.output_size = _pair(output_size, 'output_size')
+        self.output_size = int_tuple('output_size', output_size, 2)
         roi_align(torch.zeros(1, 1, 1, 1), torch.zeros(0, 5), self.output_size,
                   spatial_scale, sampling_ratio, aligned)  # validates the arguments now
         self.spatial_scale = float(spatial_scale)
