@@ -142,11 +142,12 @@ def test_presets_cover_the_targets_and_every_backbone(tool):
     used = {tool.BACKBONES[c['model']]['type'] for c in standard if c['model'] in tool.BACKBONES}
     assert registered <= used
     labels = [r[0] for c in standard for r in c['rows']]
-    assert len(labels) == len(set(labels)) == 24
+    assert len(labels) == len(set(labels)) == 25
     metrics = [r[3] for c in standard for r in c['rows']]
-    assert metrics.count('peak') == 4 and metrics.count('time') == 20
+    assert metrics.count('peak') == 4 and metrics.count('time') == 21
     variants = {v for c in standard for r in c['rows'] for v in r[1:3] if v}
-    assert {'ours fp32 compiled', 'ours bf16 compiled', 'ours fp32 cp'} <= variants
+    assert {'ours fp32 compiled', 'ours bf16 compiled', 'ours fp32 cp', 'ours bf16 sep'} \
+        <= variants
     assert any(c['kind'] == 'whole' for c in standard)
     for preset in tool.PRESETS.values():
         for case in preset:

@@ -135,7 +135,7 @@ def roi_align(input: Tensor, rois: Tensor, output_size: Union[int, Sequence[int]
         first_y, weight_y, span_y = _axis_weights(y1, box_h, out_h, sampling_ratio, height)
         first_x, weight_x, span_x = _axis_weights(x1, box_w, out_w, sampling_ratio, width)
         image = boxes[:, 0].long()
-        if n and (int(image.min()) < 0 or int(image.max()) >= batch):
+        if int(image.min()) < 0 or int(image.max()) >= batch:
             raise ValueError(f'rois[:, 0] must index the {batch} images of input, got values '
                              f'in [{int(image.min())}, {int(image.max())}]')
         groups = _groups(span_y, span_x, channels)
