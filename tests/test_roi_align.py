@@ -86,7 +86,11 @@ def test_grouped_pooling_matches_mmcv(monkeypatch):
     monkeypatch.setattr(roi_align_module, 'MAX_CROP_ELEMENTS', 16 * 30 * 30 * 8)
     groups = roi_align_module._groups(*_spans(rois, 40, 0.25), 16)
     assert len(groups) > 2
-    assert torch.equal(torch.cat(groups).sort().values, torch.arange(rois.shape[0]))
+    assert torch.equal(torch.cat([g for g, _, _ in groups]).sort().values,
+                       torch.arange(rois.shape[0]))
+    span_y, span_x = _spans(rois, 40, 0.25)
+    for group, rows_n, cols_n in groups:  # each group's window fits its largest RoI exactly
+        assert (rows_n, cols_n) == (int(span_y[group].max()), int(span_x[group].max()))
     ref, ours, ref_grad, our_grad = both(feat, rois, 7, 0.25, 0)
     torch.testing.assert_close(ours, ref, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(our_grad, ref_grad, atol=5e-5, rtol=1e-4)

@@ -32,6 +32,8 @@ class SeparableRoIExtractor(SingleRoIExtractor):
     def build_roi_layers(self, layer_cfg: dict, featmap_strides: List[int]) -> nn.ModuleList:
         cfg = dict(layer_cfg)
         layer_type = cfg.get('type')
-        if isinstance(layer_type, str) and layer_type in mmvitswin_ops.__all__:
-            cfg['type'] = getattr(mmvitswin_ops, layer_type)
+        layer_cls = getattr(mmvitswin_ops, layer_type, None) if isinstance(layer_type, str) \
+            else None
+        if isinstance(layer_cls, type) and issubclass(layer_cls, nn.Module):
+            cfg['type'] = layer_cls
         return super().build_roi_layers(cfg, featmap_strides)

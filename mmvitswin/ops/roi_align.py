@@ -69,8 +69,10 @@ def _axis_weights(start: Tensor, size: Tensor, bins: int, sampling_ratio: int,
     return first, weights, span
 
 
-def _groups(span_y: Tensor, span_x: Tensor, channels: int) -> List[Tensor]:
-    """Split RoIs, in order of window area, into groups pooled together.
+def _groups(span_y: Tensor, span_x: Tensor,
+            channels: int) -> List[Tuple[Tensor, int, int]]:
+    """Split RoIs, in order of window area, into groups pooled together; returns each group's
+    RoI indices and its padded window height and width.
 
     A group's windows are padded to its largest height and width, so a group closes when that
     padding would more than double its work (after at least ``_MIN_GROUP`` RoIs: small groups
@@ -78,9 +80,9 @@ def _groups(span_y: Tensor, span_x: Tensor, channels: int) -> List[Tensor]:
     """
     area = span_y * span_x
     n = area.numel()
-    if n <= _MIN_GROUP and n * int(span_y.max()) * int(span_x.max()) * channels \
-            <= MAX_CROP_ELEMENTS:
-        return [torch.arange(n, device=area.device)]
+    top_y, top_x = int(span_y.max()), int(span_x.max())
+    if n <= _MIN_GROUP and n * top_y * top_x * channels <= MAX_CROP_ELEMENTS:
+        return [(torch.arange(n, device=area.device), top_y, top_x)]
     order = torch.argsort(area)
     ys, xs, areas = span_y[order].tolist(), span_x[order].tolist(), area[order].tolist()
     groups, begin, top_y, top_x, work = [], 0, 0, 0, 0
@@ -89,11 +91,19 @@ def _groups(span_y: Tensor, span_x: Tensor, channels: int) -> List[Tensor]:
         padded = (end - begin + 1) * new_y * new_x
         if end > begin and (padded * channels > MAX_CROP_ELEMENTS or (
                 end - begin >= _MIN_GROUP and padded > 2 * (work + areas[end]))):
-            groups.append(order[begin:end])
+            groups.append((order[begin:end], top_y, top_x))
             begin, new_y, new_x, work = end, ys[end], xs[end], 0
         top_y, top_x, work = new_y, new_x, work + areas[end]
-    groups.append(order[begin:])
+    groups.append((order[begin:], top_y, top_x))
     return groups
+
+
+def _settings(output_size, spatial_scale, sampling_ratio, aligned) -> tuple:
+    """The pooling settings checked and normalised (one wording with every mmvitswin error)."""
+    return (int_tuple('output_size', output_size, 2),
+            check_positive_number('spatial_scale', spatial_scale),
+            check_non_negative_int('sampling_ratio', sampling_ratio),  # 0: adaptive
+            check_bool('aligned', aligned))
 
 
 def roi_align(input: Tensor, rois: Tensor, output_size: Union[int, Sequence[int]],
@@ -114,10 +124,8 @@ def roi_align(input: Tensor, rois: Tensor, output_size: Union[int, Sequence[int]
                          f'{tuple(rois.shape) if isinstance(rois, Tensor) else type(rois)}')
     if not input.is_floating_point():
         raise TypeError(f'input must be a floating-point tensor, got {input.dtype}')
-    out_h, out_w = int_tuple('output_size', output_size, 2)
-    sampling_ratio = check_non_negative_int('sampling_ratio', sampling_ratio)  # 0: adaptive
-    spatial_scale = check_positive_number('spatial_scale', spatial_scale)
-    aligned = check_bool('aligned', aligned)
+    (out_h, out_w), spatial_scale, sampling_ratio, aligned = _settings(
+        output_size, spatial_scale, sampling_ratio, aligned)
     batch, channels, height, width = input.shape
     n = rois.shape[0]
     if n == 0 or channels == 0:
@@ -125,6 +133,10 @@ def roi_align(input: Tensor, rois: Tensor, output_size: Union[int, Sequence[int]
 
     with torch.no_grad():
         boxes = rois.detach().float()
+        image = boxes[:, 0].long()
+        if int(image.min()) < 0 or int(image.max()) >= batch:
+            raise ValueError(f'rois[:, 0] must index the {batch} images of input, got values '
+                             f'in [{int(image.min())}, {int(image.max())}]')
         offset = 0.5 if aligned else 0.0
         x1 = boxes[:, 1] * spatial_scale - offset
         y1 = boxes[:, 2] * spatial_scale - offset
@@ -134,18 +146,13 @@ def roi_align(input: Tensor, rois: Tensor, output_size: Union[int, Sequence[int]
             box_w, box_h = box_w.clamp(min=1.0), box_h.clamp(min=1.0)
         first_y, weight_y, span_y = _axis_weights(y1, box_h, out_h, sampling_ratio, height)
         first_x, weight_x, span_x = _axis_weights(x1, box_w, out_w, sampling_ratio, width)
-        image = boxes[:, 0].long()
-        if int(image.min()) < 0 or int(image.max()) >= batch:
-            raise ValueError(f'rois[:, 0] must index the {batch} images of input, got values '
-                             f'in [{int(image.min())}, {int(image.max())}]')
         groups = _groups(span_y, span_x, channels)
 
     with torch.autocast(input.device.type, enabled=False):
         # One row per pixel, channels contiguous: a RoI's window is an index_select of rows.
         pixels = input.float().permute(0, 2, 3, 1).reshape(-1, channels)
         parts = []
-        for group in groups:
-            rows_n, cols_n = int(span_y[group].max()), int(span_x[group].max())
+        for group, rows_n, cols_n in groups:
             count = group.numel()
             rows = (first_y[group, None] + torch.arange(rows_n, device=input.device))
             cols = (first_x[group, None] + torch.arange(cols_n, device=input.device))
@@ -160,7 +167,7 @@ def roi_align(input: Tensor, rois: Tensor, output_size: Union[int, Sequence[int]
                                pooled.reshape(count, rows_n, out_w * channels))
             parts.append(pooled)
         pooled = parts[0] if len(parts) == 1 else torch.cat(parts).index_select(
-            0, torch.argsort(torch.cat(groups)))
+            0, torch.argsort(torch.cat([group for group, _, _ in groups])))
     pooled = pooled.view(n, out_h, out_w, channels).permute(0, 3, 1, 2)
     return pooled.contiguous().to(input.dtype)
 
@@ -185,13 +192,9 @@ class SeparableRoIAlign(nn.Module):
         if use_torchvision:
             raise ValueError('SeparableRoIAlign is its own implementation; '
                              'use_torchvision must be False')
-        self.output_size = int_tuple('output_size', output_size, 2)
-        roi_align(torch.zeros(1, 1, 1, 1), torch.zeros(0, 5), self.output_size,
-                  spatial_scale, sampling_ratio, aligned)  # validates the arguments now
-        self.spatial_scale = float(spatial_scale)
-        self.sampling_ratio = sampling_ratio
+        self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned = _settings(
+            output_size, spatial_scale, sampling_ratio, aligned)
         self.pool_mode = pool_mode
-        self.aligned = aligned
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
         return roi_align(input, rois, self.output_size, self.spatial_scale,
