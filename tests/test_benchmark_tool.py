@@ -245,6 +245,33 @@ def test_separable_roi_layers_swaps_every_avg_roi_align(tool):
     torch.testing.assert_close(extractor(feats, rois), before, atol=2e-5, rtol=1e-4)
 
 
+def test_channels_last_mask_heads_keeps_the_mask_logits(tool):
+    """The ' nhwc' variant: the stock FCNMaskHead of a Mask R-CNN becomes a
+    ChannelsLastFCNMaskHead with the same parameters and the same mask logits."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    import mmvitswin  # noqa: F401
+    from mmdet.models.roi_heads.mask_heads import FCNMaskHead
+    from mmdet.registry import MODELS
+    from mmvitswin.models import ChannelsLastFCNMaskHead
+    cfg = Config.fromfile(os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_swin_nano_shapes.py'))
+    cfg.model.roi_head.mask_head.type = 'FCNMaskHead'
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = MODELS.build(cfg.model)
+    head = model.roi_head.mask_head
+    assert type(head) is FCNMaskHead
+    x = torch.randn(3, 64, 14, 14)
+    before, params = head(x), dict(head.named_parameters())
+    assert tool.channels_last_mask_heads(model) == 1
+    assert type(model.roi_head.mask_head) is ChannelsLastFCNMaskHead
+    assert dict(head.named_parameters()) == params
+    after = head(x)
+    assert after.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-4)
+    assert tool.channels_last_mask_heads(model) == 0  # already converted
+
+
 def test_only_and_skip_select_rows_by_label(tool):
     case = dict(model='swin_tiny_test', kind='forward', scale=0.1, count=1, rows=[
         ['tiny compiled', 'ours fp32 compiled', 'ref fp32', 'time']])

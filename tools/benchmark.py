@@ -77,8 +77,9 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
 # per pass), batch, rows: [label, subject, baseline, metric], optional backbone_kwargs (merged
 # into the backbone config).
 # A variant is 'ours'|'ref' + dtype, then optional flags: ' cp' (with_cp=True), ' compiled'
-# (compile_blocks), ' sep' (whole detectors: RoI layers -> SeparableRoIAlign); 'bf16' follows
-# --dtype. --compile adds ' compiled' to every variant.
+# (compile_blocks), ' sep' (whole detectors: RoI layers -> SeparableRoIAlign), ' nhwc' (whole
+# detectors: FCNMaskHead -> ChannelsLastFCNMaskHead); 'bf16' follows --dtype. --compile adds
+# ' compiled' to every variant.
 _SWIN = dict(model='swin_t', scale=0.4, batch=1)
 
 
@@ -119,8 +120,8 @@ PRESETS = {
         dict(model='maskrcnn', kind='whole', scale=0.5, count=4, batch=1, rows=[
             ['Mask R-CNN Swin-T train iteration, --amp bf16 vs ref fp32', 'ours bf16',
              'ref fp32', 'time'],
-            ['Mask R-CNN Swin-T train iteration, --amp bf16 + SeparableRoIAlign vs ref fp32',
-             'ours bf16 sep', 'ref fp32', 'time']]),
+            ['Mask R-CNN Swin-T train iteration, --amp bf16 + SeparableRoIAlign + '
+             'ChannelsLastFCNMaskHead vs ref fp32', 'ours bf16 sep nhwc', 'ref fp32', 'time']]),
         dict(model='vit_adapter_simple_t', kind='forward', scale=0.4, count=3, batch=1, rows=[
             ['ViTAdapter-T simple forward fp32', 'ours fp32', None, 'time']]),
         dict(model='vit_adapter_interaction_t', kind='forward', scale=0.4, count=3, batch=1,
@@ -425,6 +426,8 @@ class Subject:
                 model.backbone = copy.deepcopy(self.ref)
             if 'sep' in flags:
                 separable_roi_layers(model)
+            if 'nhwc' in flags:
+                channels_last_mask_heads(model)
         elif 'cp' in flags:
             from mmvitswin.registry import MODELS
             cfg = dict(self.backbone_cfg, with_cp=True)
@@ -467,6 +470,19 @@ def separable_roi_layers(model: nn.Module) -> int:
                     aligned=child.aligned))
                 swapped += 1
     return swapped
+
+
+def channels_last_mask_heads(model: nn.Module) -> int:
+    """Turn every mmdet ``FCNMaskHead`` in ``model`` into a ``ChannelsLastFCNMaskHead`` (same
+    parameters, only the forward differs); returns how many were changed."""
+    from mmdet.models.roi_heads.mask_heads import FCNMaskHead
+    from mmvitswin.models import ChannelsLastFCNMaskHead
+    changed = 0
+    for module in model.modules():
+        if type(module) is FCNMaskHead:
+            module.__class__ = ChannelsLastFCNMaskHead
+            changed += 1
+    return changed
 
 
 def compile_blocks(model: nn.Module) -> int:
