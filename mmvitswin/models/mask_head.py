@@ -13,8 +13,9 @@ def _is_subpixel(layer: nn.Module) -> bool:
     """Whether ``layer`` is a transposed conv whose square kernel equals its stride (no
     padding, dilation or groups): each input pixel then writes its own ``s x s`` block."""
     return (isinstance(layer, nn.ConvTranspose2d) and layer.kernel_size == layer.stride
-            and layer.stride[0] == layer.stride[1] and layer.padding == (0, 0) and layer.output_padding == (0, 0)
-            and layer.dilation == (1, 1) and layer.groups == 1)
+            and layer.stride[0] == layer.stride[1] and layer.padding == (0, 0)
+            and layer.output_padding == (0, 0) and layer.dilation == (1, 1)
+            and layer.groups == 1)
 
 
 def subpixel_upsample(layer: nn.ConvTranspose2d, x: Tensor,
