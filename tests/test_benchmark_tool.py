@@ -146,7 +146,7 @@ def test_presets_cover_the_targets_and_every_backbone(tool):
     metrics = [r[3] for c in standard for r in c['rows']]
     assert metrics.count('peak') == 4 and metrics.count('time') == 21
     variants = {v for c in standard for r in c['rows'] for v in r[1:3] if v}
-    assert {'ours fp32 compiled', 'ours bf16 compiled', 'ours fp32 cp', 'ours bf16 sep'} \
+    assert {'ours fp32 compiled', 'ours bf16 compiled', 'ours fp32 cp', 'ours bf16 sep nhwc'} \
         <= variants
     assert any(c['kind'] == 'whole' for c in standard)
     for preset in tool.PRESETS.values():
