@@ -1,7 +1,7 @@
 # Mask R-CNN with a narrow Swin ("nano": embed_dims=32, depths 2-2-2-2) on the generated shapes
-# data, sized to train from scratch on a 2-core CPU in 10-11 minutes (measured in bf16: 10.9 on
-# an Intel Xeon; 9.8 on an AMD EPYC with mmcv's RoIAlign, FCNMaskHead and lr 1e-3; no
-# pretrained weights are available offline).
+# data, sized to train from scratch on a 2-core CPU in 10-13 minutes (measured in bf16: 10.9 and
+# 13.2 on a shared Intel Xeon VM; 9.8 on an AMD EPYC with mmcv's RoIAlign, FCNMaskHead and lr
+# 1e-3; no pretrained weights are available offline).
 # `python tools/demo.py` runs it; tools/make_shapes.py makes the data.
 # Data location: `tools/demo.py --data-root DIR` rewrites every path derived from `data_root`
 # (MMEngine substitutes a top-level variable only when the file is parsed, so a bare
