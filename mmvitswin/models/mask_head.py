@@ -55,8 +55,8 @@ class ChannelsLastFCNMaskHead(FCNMaskHead):
     logits are a channels-last tensor. On a CPU oneDNN runs these convolutions in NHWC without
     the layout reorders it inserts for NCHW, and the transposed conv's backward (the slowest
     kernel of the head in bf16) becomes two matrix products. Under bf16 autocast on a 2-core
-    Xeon the head's forward plus backward at 128 RoIs went from about 100 to 60 ms
-    (``docs/benchmarks.md``)::
+    Xeon it took the demo's Mask R-CNN iteration from 328 to 250 ms late in training
+    (``docs/benchmarks.md``, "CPU detection heads")::
 
         mask_head=dict(type='ChannelsLastFCNMaskHead', num_convs=4, in_channels=256,
                        conv_out_channels=256, num_classes=80,
