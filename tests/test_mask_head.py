@@ -106,6 +106,8 @@ def test_subpixel_upsample_with_activation_matches_relu_of_conv_transpose(s, cha
 
 # ------------------------------------------------------------------------------ _is_subpixel
 def test_is_subpixel_accepts_kernel_equal_stride():
+    from mmcv.cnn.bricks.wrappers import ConvTranspose2d
+    assert _is_subpixel(ConvTranspose2d(4, 4, 2, 2))  # mmdet's 'deconv': mmcv's wrapper
     assert _is_subpixel(nn.ConvTranspose2d(4, 4, 2, 2))
     assert _is_subpixel(nn.ConvTranspose2d(4, 3, 3, 3, bias=False))
 
@@ -121,8 +123,9 @@ def test_is_subpixel_accepts_kernel_equal_stride():
     nn.ConvTranspose2d(4, 4, (2, 3), (2, 3)),               # non-square stride
     nn.Conv2d(4, 4, 2, 2),                                  # a plain conv
     nn.Upsample(scale_factor=2, mode='bilinear'),
+    type('OwnForward', (nn.ConvTranspose2d,), {'forward': lambda self, x: x})(4, 4, 2, 2),
 ], ids=['k3s2', 'k4s2p1', 'padding', 'output_padding', 'groups', 'dilation', 'stride21',
-        'stride23', 'conv2d', 'upsample'])
+        'stride23', 'conv2d', 'upsample', 'own_forward'])
 def test_is_subpixel_rejects_other_layers(layer):
     assert not _is_subpixel(layer)
 

@@ -205,3 +205,55 @@ def test_extractor_still_builds_mmcv_layers_by_name():
     ours, _ = _extractors('RoIAlign', 14)
     assert all(type(m) is RoIAlign for m in ours.roi_layers)
     assert [m.spatial_scale for m in ours.roi_layers] == [1 / 4, 1 / 8, 1 / 16, 1 / 32]
+
+
+def _level_feats(g, channels=16, extent=640, dtype=torch.float32):
+    return [torch.randn(2, channels, extent // s, extent // s, generator=g).to(dtype)
+            .requires_grad_() for s in (4, 8, 16, 32)]
+
+
+def test_extractor_roi_scale_factor_single_level_and_unused_levels_match_mmdet():
+    from mmdet.registry import MODELS
+    ours, ref = _extractors('SeparableRoIAlign', 7)
+    g = torch.Generator().manual_seed(4)
+    feats = _level_feats(g)
+    small = random_rois(50, 2, 640, 4.0, 40.0, g)  # only the two finest levels
+    assert set(ref.map_roi_levels(small, 4).tolist()) <= {0, 1}
+    for factor in (None, 1.5):
+        out, expected = ours(feats, small, factor), ref(feats, small, factor)
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+    # unused levels still receive a (zero) gradient, as mmdet's extractor gives them
+    grads = torch.autograd.grad(ours(feats, small).sum(), feats)
+    assert all(grad is not None for grad in grads)
+    assert grads[3].abs().sum() == 0 and grads[0].abs().sum() > 0
+    empty = ours(feats, small[:0])
+    assert empty.shape == (0, 16, 7, 7)
+    one = dict(roi_layer=dict(type='SeparableRoIAlign', output_size=7, sampling_ratio=0),
+               out_channels=16, featmap_strides=[8])
+    ours1 = MODELS.build(dict(type='SeparableRoIExtractor', **one))
+    ref1 = MODELS.build(dict(one, type='SingleRoIExtractor',
+                             roi_layer=dict(type='RoIAlign', output_size=7, sampling_ratio=0)))
+    torch.testing.assert_close(ours1(feats[1:2], small), ref1(feats[1:2], small),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_extractor_pools_bf16_features_at_the_fp32_boxes():
+    """mmdet's extractor casts the boxes to the features' dtype (``rois.type_as(feats[0])``);
+    in bf16 a coordinate near 600 moves by up to 2 pixels. Ours pools at the boxes as given:
+    its bf16 output is the exact (fp32) pooling rounded once, while pooling at the rounded
+    boxes lands measurably elsewhere."""
+    from mmdet.registry import MODELS
+    ours = MODELS.build(dict(type='SeparableRoIExtractor', out_channels=16,
+                             featmap_strides=[4, 8, 16, 32]))
+    g = torch.Generator().manual_seed(6)
+    feats = tuple(f.detach() for f in _level_feats(g, dtype=torch.bfloat16))
+    rois = random_rois(200, 2, 640, 8.0, 200.0, g)
+    rois[:, 1:] = rois[:, 1:].clamp(0, 640) + 0.37  # coordinates bf16 cannot hold
+    assert (rois.bfloat16().float() != rois).any()
+    exact = ours(tuple(f.float() for f in feats), rois)
+    out = ours(feats, rois)
+    assert out.dtype == torch.bfloat16
+    ours_err = (out.float() - exact).abs().max()
+    cast_err = (ours(feats, rois.type_as(feats[0])).float() - exact).abs().max()
+    assert ours_err <= exact.abs().max() * 2 ** -8  # one bf16 rounding
+    assert cast_err > 4 * ours_err

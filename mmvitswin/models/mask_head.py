@@ -3,6 +3,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from mmcv.cnn.bricks import wrappers as mmcv_wrappers
 from mmdet.models.roi_heads.mask_heads import FCNMaskHead
 from torch import Tensor, nn
 
@@ -11,8 +12,14 @@ from ..registry import MODELS
 
 def _is_subpixel(layer: nn.Module) -> bool:
     """Whether ``layer`` is a transposed conv whose square kernel equals its stride (no
-    padding, dilation or groups): each input pixel then writes its own ``s x s`` block."""
-    return (isinstance(layer, nn.ConvTranspose2d) and layer.kernel_size == layer.stride
+    padding, dilation or groups): each input pixel then writes its own ``s x s`` block.
+
+    Torch's class or mmcv's wrapper of it (mmdet's ``'deconv'``, which only adds an
+    empty-input case); a subclass with a forward of its own is left to that forward."""
+    own_forward = type(layer).forward not in (nn.ConvTranspose2d.forward,
+                                              mmcv_wrappers.ConvTranspose2d.forward)
+    return (isinstance(layer, nn.ConvTranspose2d) and not own_forward
+            and layer.kernel_size == layer.stride
             and layer.stride[0] == layer.stride[1] and layer.padding == (0, 0)
             and layer.output_padding == (0, 0) and layer.dilation == (1, 1)
             and layer.groups == 1)

@@ -1,8 +1,8 @@
 """An mmdet RoI extractor whose RoI layers may be mmvitswin's plain-PyTorch ops."""
-from typing import List
+from typing import List, Optional, Tuple
 
 from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
-from torch import nn
+from torch import Tensor, nn
 
 from .. import ops as mmvitswin_ops
 from ..registry import MODELS
@@ -22,6 +22,11 @@ class SeparableRoIExtractor(SingleRoIExtractor):
             roi_layer=dict(type='SeparableRoIAlign', output_size=7, sampling_ratio=0),
             out_channels=256, featmap_strides=[4, 8, 16, 32])
 
+    With ``SeparableRoIAlign`` layers the boxes are not cast to the features' dtype. mmdet
+    casts them for mmcv's kernels; under bf16 autocast that rounds a coordinate to 8
+    significant bits (to a multiple of 4 pixels between 512 and 1024), so the pooled windows
+    drift from the boxes. ``SeparableRoIAlign`` pools in fp32 and takes the boxes as given.
+
     Checkpoints are interchangeable with ``SingleRoIExtractor`` (RoIAlign has no weights).
     """
 
@@ -37,3 +42,24 @@ class SeparableRoIExtractor(SingleRoIExtractor):
         if isinstance(layer_cls, type) and issubclass(layer_cls, nn.Module):
             cfg['type'] = layer_cls
         return super().build_roi_layers(cfg, featmap_strides)
+
+    def forward(self, feats: Tuple[Tensor], rois: Tensor,
+                roi_scale_factor: Optional[float] = None) -> Tensor:
+        layers = self.roi_layers[:len(feats)]
+        if not all(isinstance(layer, mmvitswin_ops.SeparableRoIAlign) for layer in layers):
+            return super().forward(feats, rois, roi_scale_factor)
+        if len(feats) == 1:  # as mmdet: one level pools every box, without roi_scale_factor
+            return layers[0](feats[0], rois)
+        levels = self.map_roi_levels(rois, len(feats))
+        if roi_scale_factor is not None:
+            rois = self.roi_rescale(rois, roi_scale_factor)
+        out = feats[0].new_zeros((rois.shape[0], self.out_channels, *layers[0].output_size))
+        for level, layer in enumerate(layers):
+            index = (levels == level).nonzero().squeeze(1)
+            if index.numel():
+                out[index] = layer(feats[level], rois[index])
+            else:
+                # A level without boxes still joins the graph with a zero gradient, as in mmdet:
+                # distributed training expects every feature map to receive one.
+                out = out + feats[level].sum() * 0.
+        return out
