@@ -1,7 +1,7 @@
 # Mask R-CNN with a narrow Swin ("nano": embed_dims=32, depths 2-2-2-2) on the generated shapes
 # data, sized to train from scratch on a 2-core CPU in under 10 minutes (measured in bf16 on a
-# shared Intel Xeon VM: 9.3 and 9.6 minutes, box mAP 0.595; no pretrained weights are
-# available offline).
+# shared Intel Xeon VM: 8.3 to 9.6 minutes in three runs, box mAP 0.595; no pretrained weights
+# are available offline).
 # `python tools/demo.py` runs it; tools/make_shapes.py makes the data.
 # Data location: `tools/demo.py --data-root DIR` rewrites every path derived from `data_root`
 # (MMEngine substitutes a top-level variable only when the file is parsed, so a bare
