@@ -21,17 +21,17 @@ def merge_param_groups(groups: List[dict], defaults: Dict[str, Any]) -> List[dic
     """``groups`` with the groups whose settings (every key but ``params``, missing keys read
     from ``defaults``) are equal merged into one, in order of first appearance; parameters
     keep their order."""
-    merged: List[dict] = []
+    merged: List[tuple] = []  # (settings, own entries, params)
     for group in groups:
-        settings = {**defaults, **{k: v for k, v in group.items() if k != 'params'}}
-        for target in merged:
-            if target['settings'] == settings:
-                target['params'].extend(group['params'])
+        own = {k: v for k, v in group.items() if k != 'params'}
+        settings = {**defaults, **own}
+        for target_settings, _, params in merged:
+            if target_settings == settings:
+                params.extend(group['params'])
                 break
         else:
-            merged.append(dict(settings=settings, params=list(group['params']),
-                               own={k: v for k, v in group.items() if k != 'params'}))
-    return [dict(m['own'], params=m['params']) for m in merged]
+            merged.append((settings, own, list(group['params'])))
+    return [dict(own, params=params) for _, own, params in merged]
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -69,23 +69,25 @@ class GroupedOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         print_log(f'GroupedOptimWrapperConstructor: {len(groups)} param groups merged into '
                   f'{len(merged)}', logger='current')
 
+    def _build(self, model: nn.Module, optimizer_cfg: dict) -> OptimWrapper:
+        """mmengine's build with ``optimizer_cfg`` in place of the configured one."""
+        configured = self.optimizer_cfg
+        self.optimizer_cfg = optimizer_cfg
+        try:
+            return super().__call__(model)
+        finally:
+            self.optimizer_cfg = configured
+
     def __call__(self, model: nn.Module) -> OptimWrapper:
         if self.optimizer_cfg.get('fused') != 'auto':
             return super().__call__(model)
-        cfg = self.optimizer_cfg
         try:
-            self.optimizer_cfg = dict(cfg, fused=True)
-            try:
-                wrapper = super().__call__(model)
-                fused = True
-            except (RuntimeError, TypeError, ValueError):
-                # no fused kernel in this torch for this optimizer or device; any other
-                # problem of the config raises again below
-                self.optimizer_cfg = {k: v for k, v in cfg.items() if k != 'fused'}
-                wrapper = super().__call__(model)
-                fused = False
-        finally:
-            self.optimizer_cfg = cfg
+            wrapper, fused = self._build(model, dict(self.optimizer_cfg, fused=True)), True
+        except (RuntimeError, TypeError, ValueError):
+            # no fused kernel in this torch for this optimizer or device; any other problem of
+            # the config raises again from this build
+            unfused = {k: v for k, v in self.optimizer_cfg.items() if k != 'fused'}
+            wrapper, fused = self._build(model, unfused), False
         print_log(f"GroupedOptimWrapperConstructor: fused='auto' -> "
                   f"{'fused' if fused else 'not fused (unsupported here)'} "
                   f'{type(wrapper.optimizer).__name__}', logger='current')
