@@ -32,10 +32,10 @@ def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 #   @requires_torch((2, 5), 'torch.onnx.export(dynamo=True)')
 #   def test_onnx_dynamo_export(): ...
 # or, as a marker (no import needed): @pytest.mark.requires_torch((2, 5), 'torch.onnx.export...')
-# Feature flags for finer conditions live in mmvitswin.compat (COMPILE_DYNAMIC_OK, ...).
+# Feature flags for finer conditions live in mmvitswin.core.compat (COMPILE_DYNAMIC_OK, ...).
 def requires_torch(version, feature: str):
     """A ``skipif`` mark: skip unless torch >= ``version`` (a tuple such as ``(2, 5)``)."""
-    from mmvitswin.compat import TORCH_VERSION, torch_at_least
+    from mmvitswin.core.compat import TORCH_VERSION, torch_at_least
     version = tuple(version)
     return pytest.mark.skipif(
         not torch_at_least(*version),

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import mmvitswin  # noqa: F401
-from mmvitswin.engine.amp import (AmpTestLoop, CPUAmpOptimWrapper, _upcast, apply_amp,
+from mmvitswin.openmmlab.engine.amp import (AmpTestLoop, CPUAmpOptimWrapper, _upcast, apply_amp,
                                   cpu_bf16_support, mmcv_ops_accept_bf16_on_cpu,
                                   resolve_amp_dtype)
 
@@ -23,7 +23,7 @@ TINY_SWIN = dict(type='SwinTransformer', embed_dims=32, depths=[1, 1, 1, 1],
 
 
 def _swin():
-    from mmvitswin.registry import MODELS
+    from mmvitswin.openmmlab.registry import MODELS
     return MODELS.build(dict(TINY_SWIN))
 
 
@@ -96,7 +96,7 @@ def test_apply_amp_picks_the_wrapper_for_the_device():
 
 def test_prepare_config_amp_on_cpu():
     from mmengine.config import Config
-    from mmvitswin.engine.launch import ToolError, prepare_config
+    from mmvitswin.openmmlab.engine.launch import ToolError, prepare_config
     cfg = Config.fromfile(DEMO)
     notes = prepare_config(cfg, DEMO, amp=True, cuda=False)
     assert cfg.optim_wrapper.type == 'mmvitswin.CPUAmpOptimWrapper'
@@ -109,7 +109,7 @@ def test_prepare_config_amp_on_cpu():
 @pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
 def test_amp_on_cuda_uses_mmengine_wrapper(dtype):
     from mmengine.optim import AmpOptimWrapper
-    from mmvitswin.registry import OPTIM_WRAPPERS
+    from mmvitswin.openmmlab.registry import OPTIM_WRAPPERS
     model = _swin().cuda()
     model.train()
     cfg = dict(type='OptimWrapper')
@@ -176,7 +176,7 @@ def test_upcast_restores_fp32_and_keeps_integers():
 @pytest.fixture(scope='module')
 def amp_run(tmp_path_factory):
     """tools/train.py --amp on the Mask R-CNN demo config (tiny data, 2 iterations)."""
-    from mmvitswin.datasets.shapes import make_shapes
+    from mmvitswin.openmmlab.datasets.shapes import make_shapes
     root = tmp_path_factory.mktemp('amp')
     make_shapes(str(root / 'shapes'), num_train=4, num_val=2, image_size=(64, 64))
     data = str(root / 'shapes' / 'coco') + '/'

@@ -134,8 +134,8 @@ def test_sizes_follow_the_recipe(tool):
 
 
 def test_presets_cover_the_targets_and_every_backbone(tool):
-    import mmvitswin.models.backbones as backbones
-    from mmvitswin.registry import MODELS
+    import mmvitswin.core.backbones as backbones
+    from mmvitswin.openmmlab.registry import MODELS
     registered = {name for name, cls in MODELS.module_dict.items()
                   if cls.__module__.startswith(backbones.__name__)}
     standard = tool.PRESETS['standard']
@@ -195,7 +195,7 @@ def test_compile_blocks_wraps_each_repeated_block(tool):
     from mmdet.models.backbones import SwinTransformer as MMDetSwin
 
     import mmvitswin  # noqa: F401
-    from mmvitswin.registry import MODELS
+    from mmvitswin.openmmlab.registry import MODELS
     from torch._dynamo import config as dynamo_config
     kwargs = dict(embed_dims=32, depths=[2, 2, 4, 2], num_heads=[1, 2, 4, 8])
     limits = {a: getattr(dynamo_config, a) for a in ('recompile_limit', 'cache_size_limit')
@@ -224,7 +224,7 @@ def test_separable_roi_layers_swaps_every_avg_roi_align(tool):
 
     import mmvitswin  # noqa: F401
     from mmdet.registry import MODELS
-    from mmvitswin.ops import SeparableRoIAlign
+    from mmvitswin.core.ops import SeparableRoIAlign
     cfg = Config.fromfile(os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_swin_nano_shapes.py'))
     for key in ('bbox_roi_extractor', 'mask_roi_extractor'):  # the stock mmdet heads
         cfg.model.roi_head[key].update(type='SingleRoIExtractor', roi_layer=dict(
@@ -254,7 +254,7 @@ def test_channels_last_mask_heads_keeps_the_mask_logits(tool):
     import mmvitswin  # noqa: F401
     from mmdet.models.roi_heads.mask_heads import FCNMaskHead
     from mmdet.registry import MODELS
-    from mmvitswin.models import ChannelsLastFCNMaskHead
+    from mmvitswin.openmmlab.models import ChannelsLastFCNMaskHead
     cfg = Config.fromfile(os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_swin_nano_shapes.py'))
     cfg.model.roi_head.mask_head.type = 'FCNMaskHead'
     with DefaultScope.overwrite_default_scope('mmdet'):

@@ -1,4 +1,4 @@
-"""mmvitswin.compat: one answer per torch version, same behaviour on every supported torch."""
+"""mmvitswin.core.compat: one answer per torch version, same behaviour on every supported torch."""
 import importlib
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import requires_torch
 
-from mmvitswin import compat
+from mmvitswin.core import compat
 
 
 @pytest.mark.parametrize('text, expected', [
@@ -34,7 +34,7 @@ def test_torch_version_and_flags_match_installed_torch():
 
 def test_import_in_fresh_interpreter_has_no_version_errors():
     code = ('import warnings; warnings.simplefilter("error", FutureWarning)\n'
-            'import mmvitswin, mmvitswin.compat as c; print(c.TORCH_VERSION)')
+            'import mmvitswin, mmvitswin.core.compat as c; print(c.TORCH_VERSION)')
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(compat.TORCH_VERSION)

@@ -42,7 +42,7 @@ def test_configs_are_discovered():
 def test_config_builds_and_predicts(rel):
     import mmvitswin  # noqa: F401
     from mmengine.registry import DefaultScope
-    from mmvitswin.engine.launch import replace_sync_bn
+    from mmvitswin.openmmlab.engine.launch import replace_sync_bn
 
     cfg = _load(rel)
     assert cfg.custom_imports['imports'][0] == 'mmvitswin'

@@ -22,7 +22,7 @@ import visualize  # noqa: E402
 
 @pytest.fixture(scope='module')
 def tiny_shapes(tmp_path_factory):
-    from mmvitswin.datasets import make_shapes
+    from mmvitswin.openmmlab.datasets import make_shapes
     root = tmp_path_factory.mktemp('demo_data') / 'shapes'
     # the demo size: mmseg's class-weighted loss cannot take padded (255) pixels
     make_shapes(str(root), num_train=4, num_val=2, image_size=(128, 128), seed=1)

@@ -13,11 +13,11 @@ import os
 import pytest
 import torch
 
-from mmvitswin.compat import COMPILE_DYNAMIC_OK, CPU_AUTOCAST_FP16, HAS_DYNAMO_ONNX_EXPORT
-from mmvitswin.models.backbones.hybrid_vit import HybridViT
-from mmvitswin.models.backbones.swin import SwinTransformer
-from mmvitswin.models.backbones.swin3d import SwinTransformer3D
-from mmvitswin.models.backbones.vit import ViTAdapter
+from mmvitswin.core.compat import COMPILE_DYNAMIC_OK, CPU_AUTOCAST_FP16, HAS_DYNAMO_ONNX_EXPORT
+from mmvitswin.core.backbones.hybrid_vit import HybridViT
+from mmvitswin.core.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.swin3d import SwinTransformer3D
+from mmvitswin.core.backbones.vit import ViTAdapter
 from conftest import max_rel_err
 
 _VIT = dict(arch=dict(embed_dims=64, num_layers=4, num_heads=4, feedforward_channels=128),
@@ -109,7 +109,7 @@ COMPILE_BACKEND = os.environ.get('MMVITSWIN_TEST_COMPILE_BACKEND', 'eager')
 
 @pytest.mark.slow
 @pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
-                    'models needs torch >= 2.6 (see mmvitswin.compat)')
+                    'models needs torch >= 2.6 (see mmvitswin.core.compat)')
 @pytest.mark.parametrize('name', sorted(BACKBONES))
 def test_compile_dynamic_equals_eager_at_two_sizes_without_recompiling(name):
     import torch._dynamo
@@ -139,7 +139,7 @@ def test_compile_dynamic_equals_eager_at_two_sizes_without_recompiling(name):
 def test_onnx_export_with_dynamic_size_runs_at_another_size(name, tmp_path):
     pytest.importorskip('onnxruntime')
     pytest.importorskip('onnxscript')
-    from mmvitswin.deploy import compare_onnx, export_onnx
+    from mmvitswin.core.deploy import compare_onnx, export_onnx
     model = build(name).eval()
     path = str(tmp_path / f'{name}.onnx')
     export_onnx(model, inputs(name, 0), path)

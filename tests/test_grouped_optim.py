@@ -9,8 +9,8 @@ import torch.nn as nn
 from mmengine.optim import build_optim_wrapper
 
 import mmvitswin  # noqa: F401  (registers and bridges the constructor)
-from mmvitswin.engine.grouped import merge_param_groups
-from mmvitswin.models.backbones.swin import SwinTransformer
+from mmvitswin.openmmlab.engine.grouped import merge_param_groups
+from mmvitswin.core.backbones.swin import SwinTransformer
 
 PARAMWISE = dict(norm_decay_mult=0., bias_decay_mult=0.5,
                  custom_keys={'relative_position_bias_table': dict(decay_mult=0.),
@@ -152,4 +152,4 @@ def test_state_dict_resumes_with_the_same_constructor_not_across():
 def test_usable_from_mmdet_scope():
     from mmdet.registry import OPTIM_WRAPPER_CONSTRUCTORS
     assert OPTIM_WRAPPER_CONSTRUCTORS.get('GroupedOptimWrapperConstructor').__module__ == \
-        'mmvitswin.engine.grouped'
+        'mmvitswin.openmmlab.engine.grouped'

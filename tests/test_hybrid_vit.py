@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmvitswin.checkpoint import (convert_hybrid_state_dict, detect_hybrid_format,
+from mmvitswin.core.checkpoint import (convert_hybrid_state_dict, detect_hybrid_format,
                                   load_state_dict_reported)
-from mmvitswin.models.backbones.hybrid_vit import (HybridViT, MaxPool2dSame, StdConv2d,
+from mmvitswin.core.backbones.hybrid_vit import (HybridViT, MaxPool2dSame, StdConv2d,
                                                    same_padding)
 
 # A small hybrid for behaviour tests: real block types, few of them.
@@ -102,7 +102,7 @@ def test_same_padding_matches_tensorflow_rule():
 def test_bottleneck_order_matches_hand_composition():
     """timm's non-pre-act block: conv1-GN-ReLU, conv2(stride)-GN-ReLU, conv3-GN, + shortcut
     (strided 1x1 StdConv + GN), ReLU after the add."""
-    from mmvitswin.models.backbones.hybrid_vit import Bottleneck
+    from mmvitswin.core.backbones.hybrid_vit import Bottleneck
     block = Bottleneck(64, 256, stride=2, project=True).double()
     for m in block.modules():  # non-trivial affine GN parameters
         if isinstance(m, torch.nn.GroupNorm):

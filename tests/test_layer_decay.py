@@ -7,9 +7,9 @@ import torch
 import torch.nn as nn
 
 import mmvitswin  # noqa: F401  (registers and bridges the constructor)
-from mmvitswin.models.backbones.swin import SwinTransformer
-from mmvitswin.models.backbones.vit import ViTAdapter
-from mmvitswin.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from mmvitswin.core.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.vit import ViTAdapter
+from mmvitswin.openmmlab.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
 BASE_LR, RATE, WD = 1e-3, 0.65, 0.05
 
@@ -154,7 +154,7 @@ def test_through_mmengine_build_optim_wrapper():
     (dict(num_layers=0, layer_decay_rate=0.6), 'num_layers'),
 ])
 def test_bad_paramwise_cfg(paramwise, match):
-    from mmvitswin.engine.layer_decay import LayerDecayOptimWrapperConstructor
+    from mmvitswin.openmmlab.engine.layer_decay import LayerDecayOptimWrapperConstructor
     with pytest.raises(ValueError, match=match):
         LayerDecayOptimWrapperConstructor(
             dict(optimizer=dict(type='AdamW', lr=1e-3)), paramwise)

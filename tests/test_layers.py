@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmvitswin.compat import CPU_AUTOCAST_FP16
-from mmvitswin.models.layers import (FFN, WindowAttention, fast_path_active, pad_to_multiple,
+from mmvitswin.core.compat import CPU_AUTOCAST_FP16
+from mmvitswin.core.layers import (FFN, WindowAttention, fast_path_active, pad_to_multiple,
                                      set_fast_path, shift_window_mask, window_gather_index,
                                      window_partition, window_reverse)
 from conftest import max_rel_err
@@ -56,7 +56,7 @@ def test_gather_index_equals_pad_roll_partition(spatial, window, shift):
 
 @pytest.mark.parametrize('patch', [2, 8, 16])
 def test_conv_stem_grid_is_ceil_of_size_over_patch_and_gradients_flow(patch):
-    from mmvitswin.models.layers import ConvStem
+    from mmvitswin.core.layers import ConvStem
     stem = ConvStem(3, 64, patch)
     x = torch.randn(2, 3, 37, 50, requires_grad=True)
     tokens, grid = stem(x)
@@ -67,7 +67,7 @@ def test_conv_stem_grid_is_ceil_of_size_over_patch_and_gradients_flow(patch):
 
 
 def test_conv_stem_rejects_bad_sizes():
-    from mmvitswin.models.layers import ConvStem
+    from mmvitswin.core.layers import ConvStem
     with pytest.raises(ValueError, match='power of two'):
         ConvStem(3, 64, 12)
     with pytest.raises(ValueError, match='embed_dims divisible by 16'):
@@ -136,7 +136,7 @@ def fast_path_on():
 
 
 def test_fast_path_default_follows_the_cpu_vendor(monkeypatch):
-    from mmvitswin.models.layers import switch
+    from mmvitswin.core.layers import switch
     x = torch.randn(3, 5, 16)
     previous = set_fast_path(None)
     try:
@@ -189,8 +189,8 @@ def test_fast_path_switch_is_off_under_autocast_and_tracing_and_gives_the_same_n
 def test_ffn_inference_through_chunks_equals_the_layers(named, fast_path_on):
     """No grad, fp32, 2 threads: the FFN runs fc1-GELU-fc2 chunk by chunk (layers.linear.
     mlp_inference); same numbers as the plain layers, and the plain path where grad is needed."""
-    from mmvitswin.models.layers.linear import mlp_inference
-    from mmvitswin.models.layers.mlp import FcNamedFFN
+    from mmvitswin.core.layers.linear import mlp_inference
+    from mmvitswin.core.layers.mlp import FcNamedFFN
     torch.manual_seed(0)
     ffn = (FcNamedFFN if named else FFN)(48, 192).eval()
     x = torch.randn(2, 1024 + 256 + 64 + 21, 48)  # ladder chunks and an F.linear remainder
@@ -216,7 +216,7 @@ def test_ffn_inference_through_chunks_equals_the_layers(named, fast_path_on):
 
 @pytest.mark.parametrize('features', [(384, 1536), (96, 96)])
 def test_chunk_plan_uses_the_ladder_only_and_covers_the_rows(features):
-    from mmvitswin.models.layers.linear import CHUNK_ROWS, MIN_CHUNK_MACS, _chunks
+    from mmvitswin.core.layers.linear import CHUNK_ROWS, MIN_CHUNK_MACS, _chunks
     assert list(CHUNK_ROWS) == sorted(CHUNK_ROWS, reverse=True)
     macs_per_row = features[0] * features[1]
     smallest = min(s for s in CHUNK_ROWS if s * macs_per_row >= MIN_CHUNK_MACS)
@@ -236,7 +236,7 @@ def test_chunk_plan_uses_the_ladder_only_and_covers_the_rows(features):
     (2 * 512 + 5, True, False), (50, True, True)])
 def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(
         rows, bias, input_grad, fast_path_on):
-    from mmvitswin.models.layers.linear import linear
+    from mmvitswin.core.layers.linear import linear
     torch.manual_seed(0)
     x = torch.randn(rows // 4, 4, 96) if rows % 4 == 0 else torch.randn(rows, 96)
     x.requires_grad_(input_grad)

@@ -10,7 +10,7 @@ from mmengine.structures import InstanceData
 from torch import nn
 
 import mmvitswin  # noqa: F401  (registers ChannelsLastFCNMaskHead in mmdet's registry)
-from mmvitswin.models.mask_head import ChannelsLastFCNMaskHead, _is_subpixel, subpixel_upsample
+from mmvitswin.openmmlab.models.mask_head import ChannelsLastFCNMaskHead, _is_subpixel, subpixel_upsample
 
 CHANNELS_LAST = torch.channels_last
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from mmcv.ops import RoIAlign
 
-from mmvitswin.models.backbones.hybrid_vit import HybridViT
-from mmvitswin.models.backbones.swin import SwinTransformer
-from mmvitswin.models.backbones.vit import ViTAdapter
+from mmvitswin.core.backbones.hybrid_vit import HybridViT
+from mmvitswin.core.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.vit import ViTAdapter
 
 _VIT = dict(arch=dict(embed_dims=64, num_layers=4, num_heads=4, feedforward_channels=128),
             img_size=64, patch_size=16, with_cls_token=False)

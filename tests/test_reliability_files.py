@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import mmvitswin  # noqa: F401  (safe loading installed)
-from mmvitswin.checkpoint import (CheckpointError, CheckpointNotFoundError,
+from mmvitswin.core.checkpoint import (CheckpointError, CheckpointNotFoundError,
                                   UntrustedCheckpointError, load_pretrained)
-from mmvitswin.models.backbones.swin import SwinTransformer
-from mmvitswin.models.backbones.vit import ViTAdapter
+from mmvitswin.core.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.vit import ViTAdapter
 
 SWIN = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1), window_size=4)
 
@@ -116,10 +116,10 @@ def case_unrelated_tensors(tmp_path):
 
 
 def case_pickled_code(tmp_path):
-    from mmvitswin.compat import HAS_SAFE_GLOBAL_ALIASES
+    from mmvitswin.core.compat import HAS_SAFE_GLOBAL_ALIASES
     if not HAS_SAFE_GLOBAL_ALIASES:
         pytest.skip('torch < 2.6 loads checkpoints with full pickle, as MMEngine does there '
-                    '(see mmvitswin.compat)')
+                    '(see mmvitswin.core.compat)')
     marker = tmp_path / 'ran'
     path = tmp_path / 'evil.pth'
     state = SwinTransformer(**SWIN).state_dict()

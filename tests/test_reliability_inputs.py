@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from mmvitswin.models.backbones.hybrid_vit import HybridViT
-from mmvitswin.models.backbones.swin import SwinTransformer
-from mmvitswin.models.backbones.swin3d import SwinTransformer3D
-from mmvitswin.models.backbones.vit import SimpleFeaturePyramid, ViTAdapter
+from mmvitswin.core.backbones.hybrid_vit import HybridViT
+from mmvitswin.core.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.swin3d import SwinTransformer3D
+from mmvitswin.core.backbones.vit import SimpleFeaturePyramid, ViTAdapter
 
 # ------------------------------------------------------------------------ tiny backbones
 SWIN = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1), window_size=4)
@@ -147,7 +147,7 @@ def test_mixed_dtypes_allowed_under_autocast_and_in_a_cast_model(name):
 
 # ---------------------------------------------------------------------------- bad configs
 def _interaction(**kw):
-    from mmvitswin.models.backbones.vit_adapter_modules import InteractionAdapter
+    from mmvitswin.core.backbones.vit_adapter_modules import InteractionAdapter
     cfg = dict(embed_dims=24, num_heads=2, interaction_indexes=[(0, 1), (1, 2)], conv_inplane=8,
                n_points=2)
     cfg.update(kw)
@@ -155,19 +155,19 @@ def _interaction(**kw):
 
 
 def _layer_decay(**paramwise):
-    from mmvitswin.engine.layer_decay import LayerDecayOptimWrapperConstructor
+    from mmvitswin.openmmlab.engine.layer_decay import LayerDecayOptimWrapperConstructor
     return LayerDecayOptimWrapperConstructor(
         dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-4, weight_decay=0.05)),
         paramwise)
 
 
 def _make_shapes(tmp, **kw):
-    from mmvitswin.datasets.shapes import make_shapes
+    from mmvitswin.openmmlab.datasets.shapes import make_shapes
     return make_shapes(str(tmp), **dict(dict(num_train=0, num_val=0), **kw))
 
 
 def _seg_dataset(**kw):
-    from mmvitswin.datasets.shapes import ShapesSegDataset
+    from mmvitswin.openmmlab.datasets.shapes import ShapesSegDataset
     return ShapesSegDataset(data_root='/nonexistent', lazy_init=True, **kw)
 
 
@@ -303,7 +303,7 @@ def test_bad_config_names_argument_and_value(builder, kwargs, exc, words, tmp_pa
 
 
 def test_validators_themselves():
-    from mmvitswin import validate as v
+    from mmvitswin.core import validate as v
     assert v.check_positive_int('n', 3) == 3 and v.check_probability('p', 0) == 0.
     assert v.check_choice('mode', None, (None, 'a')) is None
     assert v.int_tuple('k', 3, 2) == (3, 3) and v.int_tuple('k', [1, 2], 2) == (1, 2)

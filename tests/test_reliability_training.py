@@ -4,7 +4,7 @@ DDP with frozen stages.
 
 The subprocess tests run tools/train.py on the real UPerNet Swin-T config cut to one block per
 stage, on tiny generated data. Saving is slowed down through the seam
-``mmvitswin.engine.checkpoint_io._serialize`` by a module the training process imports.
+``mmvitswin.openmmlab.engine.checkpoint_io._serialize`` by a module the training process imports.
 """
 import os
 import os.path as osp
@@ -19,14 +19,14 @@ import pytest
 import torch
 
 import mmvitswin  # noqa: F401
-from mmvitswin.engine import checkpoint_io
+from mmvitswin.openmmlab.engine import checkpoint_io
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PY = sys.executable
 
 SLOW_SAVE = '''
 import io, os, time
-from mmvitswin.engine import checkpoint_io
+from mmvitswin.openmmlab.engine import checkpoint_io
 
 _original = checkpoint_io._serialize
 
@@ -51,7 +51,7 @@ checkpoint_io._serialize = _slow
 NAN_AT = '''
 import os
 import torch
-from mmvitswin.models.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.swin import SwinTransformer
 
 _forward = SwinTransformer.forward
 _calls = [0]
@@ -73,7 +73,7 @@ SwinTransformer.forward = _forward_nan_at
 
 @pytest.fixture(scope='module')
 def work(tmp_path_factory):
-    from mmvitswin.datasets.shapes import make_shapes
+    from mmvitswin.openmmlab.datasets.shapes import make_shapes
     root = tmp_path_factory.mktemp('reliability')
     make_shapes(str(root / 'shapes'), num_train=4, num_val=2, image_size=(64, 64))
     (root / 'pkg').mkdir()

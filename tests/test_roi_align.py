@@ -5,9 +5,9 @@ import torch
 from mmcv.ops import roi_align as mmcv_roi_align
 
 import mmvitswin  # noqa: F401  (registers SeparableRoIExtractor in mmdet's registry)
-from mmvitswin.ops import SeparableRoIAlign, roi_align
+from mmvitswin.core.ops import SeparableRoIAlign, roi_align
 
-roi_align_module = __import__('mmvitswin.ops.roi_align', fromlist=['MAX_CROP_ELEMENTS'])
+roi_align_module = __import__('mmvitswin.core.ops.roi_align', fromlist=['MAX_CROP_ELEMENTS'])
 
 
 def random_rois(n, images, extent, smallest=0.0, largest=None, generator=None):

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import requires_torch
 
-from mmvitswin import compat
+from mmvitswin.core import compat
 
-# torch >= 2.6: add_safe_globals with (obj, 'module.name') entries; see mmvitswin.compat
+# torch >= 2.6: add_safe_globals with (obj, 'module.name') entries; see mmvitswin.core.compat
 requires_allow_list = requires_torch((2, 6), 'weights-only loading with an allow-list')
 
 MARKER_ENV = 'A1_SAFE_LOAD_MARKER'
@@ -83,7 +83,7 @@ def test_runner_checkpoint_loads(tmp_path, monkeypatch):
 @requires_allow_list
 def test_runner_checkpoint_needs_only_allow_listed_globals(tmp_path, monkeypatch):
     import mmvitswin  # noqa: F401
-    from mmvitswin.checkpoint.safe_load import WEIGHTS_ONLY_LOADING, _allowed_names
+    from mmvitswin.openmmlab.engine.safe_load import WEIGHTS_ONLY_LOADING, _allowed_names
     assert WEIGHTS_ONLY_LOADING
     path = str(tmp_path / 'runner.pth')
     torch.save(_runner_like_checkpoint(), path)
@@ -100,7 +100,7 @@ def test_old_torch_loads_like_mmengine(tmp_path, monkeypatch):
     for untrusted files): nothing is refused and the file's code does run."""
     import mmvitswin  # noqa: F401
     from mmengine.runner.checkpoint import _load_checkpoint
-    from mmvitswin.checkpoint.safe_load import WEIGHTS_ONLY_LOADING, check_trusted
+    from mmvitswin.openmmlab.engine.safe_load import WEIGHTS_ONLY_LOADING, check_trusted
     monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
     assert not WEIGHTS_ONLY_LOADING and not compat.WEIGHTS_ONLY_DEFAULT
     assert compat.add_safe_globals([Payload]) is False
@@ -118,7 +118,7 @@ def test_old_torch_loads_like_mmengine(tmp_path, monkeypatch):
 def test_disallowed_object_is_refused_with_instructions(tmp_path, monkeypatch):
     import mmvitswin  # noqa: F401
     from mmengine.runner.checkpoint import _load_checkpoint
-    from mmvitswin.checkpoint import UntrustedCheckpointError
+    from mmvitswin.core.checkpoint import UntrustedCheckpointError
     monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
     marker = tmp_path / 'marker'
     path = str(tmp_path / 'evil.pth')
@@ -145,7 +145,7 @@ def test_getattr_stand_in_only_reaches_history_buffer_methods(tmp_path, monkeypa
 
     import mmvitswin  # noqa: F401
     from mmengine.runner.checkpoint import _load_checkpoint
-    from mmvitswin.checkpoint import UntrustedCheckpointError
+    from mmvitswin.core.checkpoint import UntrustedCheckpointError
     monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
 
     class Sneaky:

@@ -11,7 +11,7 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 import mmvitswin  # noqa: F401  (registers ShapesSegDataset, bridges it into mmseg)
-from mmvitswin.datasets.shapes import (SEG_CLASSES, SHAPE_CLASSES, make_scene, make_shapes,
+from mmvitswin.openmmlab.datasets.shapes import (SEG_CLASSES, SHAPE_CLASSES, make_scene, make_shapes,
                                        rasterize, shape_polygon, shapes_exist)
 
 SIZE = (64, 80)

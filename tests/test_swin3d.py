@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import max_rel_err
-from mmvitswin.checkpoint import (detect_swin3d_format, load_pretrained,
+from mmvitswin.core.checkpoint import (detect_swin3d_format, load_pretrained,
                                   microsoft_order_from_unfold)
-from mmvitswin.models.backbones.swin import SwinTransformer
-from mmvitswin.models.backbones.swin3d import SwinTransformer3D
+from mmvitswin.core.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.swin3d import SwinTransformer3D
 
 SMALL = dict(embed_dims=32, depths=[1, 2, 1, 1], num_heads=[1, 2, 4, 8])
 
@@ -312,7 +312,7 @@ def test_backward_frozen_stages_and_checkpointing():
 def test_registered_for_mmvitswin_and_mmaction2():
     from mmengine.registry import DefaultScope
     import mmaction.registry
-    from mmvitswin.registry import MODELS
+    from mmvitswin.openmmlab.registry import MODELS
     assert mmaction.registry.MODELS.module_dict['SwinTransformer3D'] is SwinTransformer3D
     with DefaultScope.overwrite_default_scope('mmdet'):
         from mmdet.registry import MODELS as DET
@@ -323,7 +323,7 @@ def test_registered_for_mmvitswin_and_mmaction2():
 
 def test_mmaction2_failures_never_break_the_bridge(monkeypatch):
     import mmaction.registry
-    from mmvitswin import registry
+    from mmvitswin.openmmlab import registry
 
     class NoMMAction:
         @staticmethod

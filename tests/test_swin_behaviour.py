@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mmvitswin.models.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.swin import SwinTransformer
 from conftest import max_rel_err
 
 # Swin-T's layout (4 stages, shifted windows, patch merging) at a quarter of its width: enough
@@ -34,8 +34,8 @@ def test_any_size_follows_the_output_rule(hw):
 
 def test_arch_presets_and_overrides():
     """The presets are read, not built: only the override case builds, at a small width."""
-    from mmvitswin.models.backbones.swin import ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS
-    from mmvitswin.models.layers import resolve_arch
+    from mmvitswin.core.backbones.swin import ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS
+    from mmvitswin.core.layers import resolve_arch
     for arch, dims, depths, heads in [('tiny', 96, (2, 2, 6, 2), (3, 6, 12, 24)),
                                       ('small', 96, (2, 2, 18, 2), (3, 6, 12, 24)),
                                       ('base', 128, (2, 2, 18, 2), (4, 8, 16, 32)),
@@ -155,7 +155,7 @@ def test_bad_config_raises(kwargs, exc, msg):
 
 
 def test_ffn_recomputed_gelu_matches_autograd():
-    from mmvitswin.models.layers import FFN
+    from mmvitswin.core.layers import FFN
     torch.manual_seed(0)
     ffn = FFN(8, 32).double().train()
     x = torch.randn(4, 5, 8, dtype=torch.float64, requires_grad=True)

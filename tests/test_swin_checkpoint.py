@@ -6,9 +6,9 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from mmvitswin.checkpoint import (convert_swin_state_dict, detect_swin_format,
+from mmvitswin.core.checkpoint import (convert_swin_state_dict, detect_swin_format,
                                   unwrap_state_dict)
-from mmvitswin.models.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.swin import SwinTransformer
 
 
 def _to_microsoft(sd):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mmvitswin.models.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.swin import SwinTransformer
 from conftest import max_rel_err
 
 SIZES = [(224, 224), (511, 511), (112, 137), (33, 65), (7, 9)]

@@ -86,7 +86,7 @@ class ProbeHook(Hook):
 @pytest.fixture(scope='module')
 def work(tmp_path_factory):
     """Tiny shapes data (COCO + ADE layouts) and the probe hook module."""
-    from mmvitswin.datasets.shapes import make_shapes
+    from mmvitswin.openmmlab.datasets.shapes import make_shapes
     root = tmp_path_factory.mktemp('tools')
     make_shapes(str(root / 'shapes'), num_train=4, num_val=2, image_size=(64, 64))
     (root / 'pkg').mkdir()
@@ -227,7 +227,7 @@ def test_upernet_killed_then_resumed_restores_exact_state(work):
     """UPerNet Swin-T trains with tools/train.py, is SIGKILLed after its first checkpoint
     (iteration 2 of 4) and resumed with --resume: it restarts from exactly the saved model and
     optimizer state at iteration 2 and finishes iterations 3 and 4."""
-    from mmvitswin.checkpoint.safe_load import _allowed_names
+    from mmvitswin.openmmlab.engine.safe_load import _allowed_names
     wd = work / 'wd_resume'
     probe1, probe2 = wd / 'probe_killed', wd / 'probe_resumed'
     extra = "train_cfg['max_iters'] = 4\n"
@@ -249,7 +249,7 @@ def test_upernet_killed_then_resumed_restores_exact_state(work):
     assert (wd / 'iter_2.pth').exists() and not (wd / 'iter_4.pth').exists()
     ckpt = torch.load(wd / 'iter_2.pth', map_location='cpu')
     # what the allow-list is for: torch.load(weights_only=True) needs exactly these extras
-    from mmvitswin.compat import HAS_SAFE_GLOBAL_ALIASES
+    from mmvitswin.core.compat import HAS_SAFE_GLOBAL_ALIASES
     if HAS_SAFE_GLOBAL_ALIASES:  # torch >= 2.6; older torch loads with full pickle
         from test_safe_load import globals_in_checkpoint
         unsafe = globals_in_checkpoint(str(wd / 'iter_2.pth'))
@@ -368,7 +368,7 @@ def test_tool_argument_errors(work, tmp_path, capsys, monkeypatch):
 def test_prepare_config_cpu_distributed_and_sync_bn():
     """What the tools change for a CPU torchrun launch (MMEngine alone would ask for NCCL)."""
     from mmengine.config import Config
-    from mmvitswin.engine.launch import prepare_config
+    from mmvitswin.openmmlab.engine.launch import prepare_config
     path = osp.join(ROOT, 'configs', 'upernet_swin_t_ade20k.py')
     cfg = Config.fromfile(path)
     notes = prepare_config(cfg, path, launcher='pytorch', resume='auto', cuda=False)

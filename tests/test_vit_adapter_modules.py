@@ -7,10 +7,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.ops import MultiScaleDeformableAttention
 
-from mmvitswin.models.backbones.vit_adapter_modules import (
+from mmvitswin.core.backbones.vit_adapter_modules import (
     Injector, InteractionAdapter, MultiLevelDWConv, deform_inputs, deformable_attention,
     maps_to_tokens, tokens_to_maps)
-from mmvitswin.models.layers import Attention
+from mmvitswin.core.layers import Attention
 from conftest import max_rel_err
 
 DIMS, HEADS = 32, 2

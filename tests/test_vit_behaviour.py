@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import max_rel_err
-from mmvitswin.checkpoint.vit import (adapt_vit_state_dict, convert_vit_state_dict,
+from mmvitswin.core.checkpoint.vit import (adapt_vit_state_dict, convert_vit_state_dict,
                                       detect_vit_format, resample_patch_kernel)
-from mmvitswin.models.backbones.vit import ViTAdapter, ViTBlock, VisionTransformerTrunk
+from mmvitswin.core.backbones.vit import ViTAdapter, ViTBlock, VisionTransformerTrunk
 
 SMALL = dict(arch=dict(embed_dims=64, num_layers=4, num_heads=2, feedforward_channels=128),
              img_size=64)
@@ -200,7 +200,7 @@ def test_format_detection_and_errors():
     big = ViTAdapter('tiny', num_layers=4)
     with pytest.raises(ValueError, match='embed_dims=192'):
         small.convert_checkpoint(big.state_dict())
-    from mmvitswin.checkpoint import load_state_dict_reported
+    from mmvitswin.core.checkpoint import load_state_dict_reported
     sd = small.convert_checkpoint(ViTAdapter(**SMALL).state_dict())
     assert load_state_dict_reported(small, sd) == ([], [])
 
@@ -226,7 +226,7 @@ def test_rel_pos_tables_resized_on_load():
 
 
 def test_conv_stem_model_loads_a_patchify_checkpoint_except_the_stem():
-    from mmvitswin.checkpoint.loading import load_state_dict_reported
+    from mmvitswin.core.checkpoint.loading import load_state_dict_reported
     src = _model(None).state_dict()
     dst = _model(None, stem='conv')
     stem_before = {k: v.clone() for k, v in dst.patch_embed.state_dict().items()}
@@ -341,7 +341,7 @@ def test_demo_mask_rcnn_trains_one_step(mode):
 
 @pytest.mark.parametrize('patch', [8, 16])
 def test_simple_pyramid_from_stride_8_and_16(patch):
-    from mmvitswin.models.backbones.vit import SimpleFeaturePyramid, ViTAdapter
+    from mmvitswin.core.backbones.vit import SimpleFeaturePyramid, ViTAdapter
     sfp = SimpleFeaturePyramid(32, 8, in_stride=patch)
     x = torch.randn(2, 32, 8, 12)  # a stride-`patch` map
     outs = sfp(x)

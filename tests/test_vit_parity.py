@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import max_rel_err
-from mmvitswin.checkpoint import load_pretrained
-from mmvitswin.models.backbones.vit import (ViTAdapter, ViTAttention, decomposed_rel_pos_bias)
+from mmvitswin.core.checkpoint import load_pretrained
+from mmvitswin.core.backbones.vit import (ViTAdapter, ViTAttention, decomposed_rel_pos_bias)
 
 
 def _mmseg_pair(tmp_path, **kwargs):

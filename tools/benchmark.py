@@ -51,7 +51,7 @@ if ROOT not in sys.path:  # run from a checkout without installing the package
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from mmvitswin import compat  # noqa: E402  (torch-version differences: autocast)
+from mmvitswin.core import compat  # noqa: E402  (torch-version differences: autocast)
 
 MIB = 2**20
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
@@ -338,7 +338,7 @@ def machine_info(device) -> dict:
     if device.type == 'cuda':
         info['gpu'] = torch.cuda.get_device_name(device)
     else:
-        from mmvitswin.engine.amp import cpu_bf16_support
+        from mmvitswin.openmmlab.engine.amp import cpu_bf16_support
         info['cpu_bf16'] = cpu_bf16_support()[1]
     try:
         import subprocess
@@ -383,7 +383,7 @@ class Subject:
     def __init__(self, case: dict, args, device):
         from mmengine.config import Config, ConfigDict
         from mmengine.registry import DefaultScope
-        from mmvitswin.registry import MODELS
+        from mmvitswin.openmmlab.registry import MODELS
         self.case, self.args, self.device = case, args, device
         torch.manual_seed(args.seed)
         if case['kind'] == 'whole':
@@ -429,7 +429,7 @@ class Subject:
             if 'nhwc' in flags:
                 channels_last_mask_heads(model)
         elif 'cp' in flags:
-            from mmvitswin.registry import MODELS
+            from mmvitswin.openmmlab.registry import MODELS
             cfg = dict(self.backbone_cfg, with_cp=True)
             if impl == 'ref':
                 accepted = inspect.signature(host_swin(self.host).__init__).parameters
@@ -460,7 +460,7 @@ def separable_roi_layers(model: nn.Module) -> int:
     """Replace every mmcv ``RoIAlign`` in ``model`` by a ``SeparableRoIAlign`` of the same
     settings (what ``SeparableRoIExtractor`` builds); returns how many were replaced."""
     from mmcv.ops import RoIAlign
-    from mmvitswin.ops import SeparableRoIAlign
+    from mmvitswin.core.ops import SeparableRoIAlign
     swapped = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -476,7 +476,7 @@ def channels_last_mask_heads(model: nn.Module) -> int:
     """Turn every mmdet ``FCNMaskHead`` in ``model`` into a ``ChannelsLastFCNMaskHead`` (same
     parameters, only the forward differs); returns how many were changed."""
     from mmdet.models.roi_heads.mask_heads import FCNMaskHead
-    from mmvitswin.models import ChannelsLastFCNMaskHead
+    from mmvitswin.openmmlab.models import ChannelsLastFCNMaskHead
     changed = 0
     for module in model.modules():
         if type(module) is FCNMaskHead:
@@ -520,8 +520,8 @@ def _levels(out) -> List[torch.Tensor]:
 
 def optim_wrapper(model: nn.Module, dtype: str, device):
     """The optim wrapper tools/train.py (--amp) would use: AdamW, plus autocast for bf16/fp16."""
-    from mmvitswin.engine.amp import apply_amp
-    from mmvitswin.registry import OPTIM_WRAPPERS
+    from mmvitswin.openmmlab.engine.amp import apply_amp
+    from mmvitswin.openmmlab.registry import OPTIM_WRAPPERS
     cfg = dict(type='OptimWrapper')
     if dtype != 'fp32':
         apply_amp(cfg, device.type == 'cuda', dtype)

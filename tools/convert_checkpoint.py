@@ -42,13 +42,13 @@ def parse_args(argv=None):
 def convert(src: str, backbone_cfg=None):
     """Return ``(state_dict, description)`` for the checkpoint at ``src``."""
     import mmvitswin  # noqa: F401  (registers the backbones)
-    from mmvitswin.checkpoint import load_checkpoint_file, unwrap_state_dict
-    from mmvitswin.checkpoint.swin import convert_swin_state_dict
+    from mmvitswin.core.checkpoint import load_checkpoint_file, unwrap_state_dict
+    from mmvitswin.core.checkpoint.swin import convert_swin_state_dict
     sd = unwrap_state_dict(load_checkpoint_file(src))
     if backbone_cfg is None:
         out, fmt = convert_swin_state_dict(sd)
         return out, f'Swin, detected format: {fmt}'
-    from mmvitswin.registry import MODELS
+    from mmvitswin.openmmlab.registry import MODELS
     cfg = dict(backbone_cfg)
     model = MODELS.build(cfg)
     if not hasattr(model, 'convert_checkpoint'):

@@ -81,7 +81,7 @@ class _MetricsRecorder(Hook):
 
 def ensure_shapes(data_root: str, image_size, log=print) -> bool:
     """Generate the shapes data under ``data_root`` unless it is there; True if generated."""
-    from mmvitswin.datasets import make_shapes, shapes_exist
+    from mmvitswin.openmmlab.datasets import make_shapes, shapes_exist
     if shapes_exist(data_root):
         log(f'[demo] using the shapes data in {data_root}')
         return False
@@ -115,7 +115,7 @@ def choose_precision(requested: str = 'auto') -> Tuple[str, str]:
     """('bf16' | 'fp32', why) for ``--precision``: 'auto' takes bf16 where the CPU runs it
     natively and no GPU is present."""
     import torch
-    from mmvitswin.engine.amp import cpu_bf16_support
+    from mmvitswin.openmmlab.engine.amp import cpu_bf16_support
     if requested == 'fp32':
         return 'fp32', 'requested'
     if torch.cuda.is_available():
@@ -134,7 +134,7 @@ def run_demo(config: str, work_dir: str, data_root: str, max_iters: Optional[int
     import mmvitswin  # noqa: F401
     import torch
     from mmengine.runner import Runner
-    from mmvitswin.engine.amp import apply_amp
+    from mmvitswin.openmmlab.engine.amp import apply_amp
 
     from visualize import visualize
 

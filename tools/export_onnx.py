@@ -45,7 +45,7 @@ def build_backbone(model: str, options: dict):
     """The backbone of a config file, or a registered type built with ``options``."""
     import mmvitswin  # noqa: F401  (registers the backbones)
     from mmengine.config import Config
-    from mmvitswin.registry import MODELS
+    from mmvitswin.openmmlab.registry import MODELS
     if model.endswith('.py'):
         if not osp.isfile(model):
             raise SystemExit(f'error: config file not found: {model}')
@@ -64,10 +64,10 @@ def build_backbone(model: str, options: dict):
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-    from mmvitswin.deploy import compare_onnx, export_onnx, second_size
+    from mmvitswin.core.deploy import compare_onnx, export_onnx, second_size
     model = build_backbone(args.model, args.cfg_options)
     if args.checkpoint:
-        from mmvitswin.checkpoint import load_pretrained
+        from mmvitswin.core.checkpoint import load_pretrained
         load_pretrained(model, args.checkpoint)
     model.eval()
     video = type(model).__name__.endswith('3D')

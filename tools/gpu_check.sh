@@ -79,7 +79,7 @@ step amp_tests 60 $PY -m pytest -q -x -p no:cacheprovider tests/test_amp_runner.
 # tools/train.py --amp (CUDA: MMEngine's AmpOptimWrapper, fp16 + dynamic loss scaling) on the
 # Mask R-CNN demo config with a small generated data set: 20 iterations and one evaluation.
 DATA=$PWD/$DIR/shapes
-$PY -c "from mmvitswin.datasets import make_shapes; make_shapes('$DATA', 64, 8)" > /dev/null
+$PY -c "from mmvitswin.openmmlab.datasets import make_shapes; make_shapes('$DATA', 64, 8)" > /dev/null
 cat > "$DIR/demo_amp.py" <<EOF
 _base_ = '$PWD/configs/demo/mask_rcnn_swin_nano_shapes.py'
 _loader = dict(num_workers=2, persistent_workers=False, dataset=dict(data_root='$DATA/coco/'))

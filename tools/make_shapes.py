@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmvitswin.datasets.shapes import make_shapes  # noqa: E402
+from mmvitswin.openmmlab.datasets.shapes import make_shapes  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -5,7 +5,7 @@
                          [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
 
 ``--amp`` evaluates with ``test_step`` under ``torch.autocast`` (bf16 on CPU, fp16 on CUDA unless
-``--amp-dtype``), through :class:`mmvitswin.engine.amp.AmpTestLoop`.
+``--amp-dtype``), through :class:`mmvitswin.openmmlab.engine.amp.AmpTestLoop`.
 
 Several processes: tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS. Exit status 2 (and one
 message, no traceback) when the config, the checkpoint or the dataset is missing.
@@ -42,9 +42,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import mmvitswin  # noqa: F401  (registries, host bridge, safe checkpoint loading)
     from mmengine.runner import Runner
-    from mmvitswin.checkpoint.safe_load import UntrustedCheckpointError
-    from mmvitswin.engine.data_check import missing_data, missing_data_message
-    from mmvitswin.engine.launch import (ToolError, init_distributed, load_config,
+    from mmvitswin.openmmlab.engine.safe_load import UntrustedCheckpointError
+    from mmvitswin.openmmlab.engine.data_check import missing_data, missing_data_message
+    from mmvitswin.openmmlab.engine.launch import (ToolError, init_distributed, load_config,
                                          prepare_config)
     try:
         cfg = load_config(args.config, args.cfg_options)
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
             raise ToolError('--amp-dtype needs --amp')
         if args.amp:
             import torch
-            from mmvitswin.engine.amp import resolve_amp_dtype
+            from mmvitswin.openmmlab.engine.amp import resolve_amp_dtype
             try:
                 dtype = resolve_amp_dtype(args.amp_dtype, torch.cuda.is_available())
             except ValueError as exc:

@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import mmvitswin  # noqa: F401  (registries, host bridge, safe checkpoint loading)
     from mmengine.runner import Runner
-    from mmvitswin.checkpoint.safe_load import UntrustedCheckpointError
-    from mmvitswin.engine.data_check import missing_data, missing_data_message
-    from mmvitswin.engine.launch import (ToolError, init_distributed, load_config,
+    from mmvitswin.openmmlab.engine.safe_load import UntrustedCheckpointError
+    from mmvitswin.openmmlab.engine.data_check import missing_data, missing_data_message
+    from mmvitswin.openmmlab.engine.launch import (ToolError, init_distributed, load_config,
                                          prepare_config)
     try:
         cfg = load_config(args.config, args.cfg_options)

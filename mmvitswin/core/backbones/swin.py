@@ -1,0 +1,277 @@
+"""Swin Transformer backbone, state-dict compatible with mmdet 3.x and mmseg 1.x.
+
+Output-size rule: for an input ``(B, C, H, W)`` the patch embedding gives a grid of
+``ceil(H / patch_size) x ceil(W / patch_size)`` (zero padding at the bottom/right), and every
+patch merging halves it rounding up: stage ``i`` has ``ceil(H / (patch_size * 2**i))`` rows.
+Swin-T at 224x224 returns (96, 56, 56), (192, 28, 28), (384, 14, 14), (768, 7, 7).
+"""
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+
+from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA, build_act,
+                      build_layer_norm, drop_path_schedule, resize_pos_embed, resolve_arch,
+                      resolve_indices, to_tuple, validate_stages)
+from ..utils import check_args, check_image_input, check_int_sequence, check_positive_int
+from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
+
+ARCH_ZOO: Dict[str, dict] = {
+    'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+    'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+    'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
+}
+ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large'}
+SWIN_ARCH_KEYS = ('embed_dims', 'depths', 'num_heads')
+
+
+class SwinBlock(nn.Module):
+    """Pre-norm Swin block on channels-last ``x: (B, H, W, C)``: (S)W-MSA then FFN."""
+
+    def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, window: Tuple[int, ...],
+                 shift: Tuple[int, ...], qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
+                 act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
+                 with_cp: bool = False, clamp_to_input: bool = False):
+        super().__init__()
+        self.with_cp = with_cp
+        self.norm1 = build_layer_norm(norm_cfg, embed_dims)
+        self.attn = ShiftWindowMSA(embed_dims, num_heads, window, shift, qkv_bias=qkv_bias,
+                                   qk_scale=qk_scale, attn_drop=attn_drop_rate,
+                                   proj_drop=drop_rate, clamp_to_input=clamp_to_input)
+        self.norm2 = build_layer_norm(norm_cfg, embed_dims)
+        self.ffn = FFN(embed_dims, ffn_dims, drop=drop_rate, act_layer=build_act(act_cfg))
+        self.drop_path = DropPath(drop_path_rate)
+
+    def _attn_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop_path(self.attn(self.norm1(x)))
+
+    def _ffn_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop_path(self.ffn(self.norm2(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.with_cp and x.requires_grad:
+            # One checkpoint per branch: backward then recomputes half a block at a time, which
+            # roughly halves the activation peak of a whole-block checkpoint for one more
+            # saved (B, H, W, C) tensor per block.
+            x = x + cp.checkpoint(self._attn_branch, x, use_reentrant=False)
+            return x + cp.checkpoint(self._ffn_branch, x, use_reentrant=False)
+        x = x + self._attn_branch(x)
+        return x + self._ffn_branch(x)
+
+
+class SwinStage(nn.Module):
+    """``depth`` blocks alternating W-MSA / SW-MSA, then an optional patch merging.
+
+    ``forward(x: (B, H, W, C))`` returns ``(stage output (B, H, W, C), next input or None)``.
+    ``block_cls`` (default :class:`SwinBlock`) lets the video Swin reuse the stage with its
+    mmaction2-named block; it gets the same arguments.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, depth: int, window: Tuple[int, ...],
+                 mlp_ratio: float, drop_path_rates: Sequence[float],
+                 downsample: Optional[nn.Module] = None, block_cls: type = SwinBlock,
+                 **block_kwargs):
+        super().__init__()
+        shift = tuple(w // 2 for w in window)
+        no_shift = (0, ) * len(window)
+        self.blocks = nn.ModuleList([
+            block_cls(embed_dims, num_heads, int(mlp_ratio * embed_dims), window,
+                      no_shift if i % 2 == 0 else shift, drop_path_rate=drop_path_rates[i],
+                      **block_kwargs) for i in range(depth)
+        ])
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor):
+        for block in self.blocks:
+            x = block(x)
+        return x, (self.downsample(x) if self.downsample is not None else None)
+
+
+def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size, strides,
+                         out_indices, frozen_stages) -> Tuple[int, ...]:
+    """Raise a ValueError/TypeError naming the bad argument (called by the constructor);
+    returns ``out_indices`` as a tuple."""
+    check_positive_int('patch_size', patch_size)
+    depths = validate_stages(embed_dims, depths, num_heads, frozen_stages)['depths']
+    strides = check_int_sequence('strides', strides, low=1)
+    if len(strides) != len(depths):
+        raise ValueError(f'strides must have one entry per stage ({len(depths)}), got {strides}')
+    if strides[0] != patch_size:
+        raise ValueError(f'strides[0] ({strides[0]}) must equal patch_size ({patch_size}): the '
+                         'patch embedding is non-overlapping')
+    if any(s != 2 for s in strides[1:]):
+        raise ValueError(f'strides[1:] must all be 2 (patch merging), got {tuple(strides[1:])}')
+    return resolve_indices(out_indices, len(depths))
+
+
+def check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
+                    norm_cfg, init_cfg, qkv_bias, with_cp, **flags) -> dict:
+    """Check the block arguments both Swin backbones (2-D and video) take, plus their other
+    bool ``flags`` (ValueError/TypeError naming the bad one); return the block arguments as
+    the keyword arguments of :func:`build_swin_stages`."""
+    check_args(positive=dict(mlp_ratio=mlp_ratio), optional_positive=dict(qk_scale=qk_scale),
+               probabilities=dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                                  drop_path_rate=drop_path_rate),
+               flags=dict(qkv_bias=qkv_bias, with_cp=with_cp, **flags),
+               cfgs=dict(act_cfg=act_cfg, norm_cfg=norm_cfg, init_cfg=init_cfg))
+    return dict(mlp_ratio=mlp_ratio, drop_path_rate=drop_path_rate, norm_cfg=norm_cfg,
+                qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
+                attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, with_cp=with_cp)
+
+
+def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
+                      window: Tuple[int, ...], mlp_ratio: float, drop_path_rate: float,
+                      norm_cfg: Optional[dict], channel_order: str = 'unfold',
+                      block_cls: type = SwinBlock, **block_kwargs) -> nn.ModuleList:
+    """The stage stack of a Swin (2-D or video): stage ``i`` has ``embed_dims * 2**i``
+    channels and ``depths[i]`` blocks (stochastic depth rising over all blocks), every stage
+    but the last ends in a 2x2 patch merging (``channel_order``: mmdet's ``'unfold'`` or
+    mmaction2's ``'microsoft'``) with a ``norm_cfg`` LayerNorm."""
+    rates = drop_path_schedule(drop_path_rate, depths)
+    stages = nn.ModuleList()
+    for i, depth in enumerate(depths):
+        dims = embed_dims * 2**i
+        downsample = None
+        if i < len(depths) - 1:
+            downsample = PatchMerging(dims, 2 * dims, channel_order=channel_order)
+            downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
+        stages.append(SwinStage(dims, num_heads[i], depth, window, mlp_ratio, rates[i],
+                                downsample=downsample, block_cls=block_cls, norm_cfg=norm_cfg,
+                                **block_kwargs))
+    return stages
+
+
+class SwinTransformer(TransformerBackbone):
+    """Swin Transformer returning NCHW maps at strides 4/8/16/32 (for ``out_indices``).
+
+    Constructor: the union of mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` keyword
+    arguments with their defaults, plus ``arch`` ('tiny' | 'small' | 'base' | 'large', or a
+    dict) whose values explicit ``embed_dims`` / ``depths`` / ``num_heads`` override.
+
+    Pretrained weights: ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL)``; the format
+    (mmdet/mmseg, Microsoft release, timm old/new, with ``state_dict``/``model``/``module.``/
+    ``backbone.`` wrappers) is detected automatically and relative-position tables and the
+    absolute position embedding are resized to this model. ``convert_weights`` is accepted for
+    config compatibility and is no longer needed.
+    """
+
+    def __init__(self,
+                 arch='tiny',
+                 pretrain_img_size=224,
+                 in_channels: int = 3,
+                 embed_dims: Optional[int] = None,
+                 patch_size: int = 4,
+                 window_size: int = 7,
+                 mlp_ratio: float = 4,
+                 depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None,
+                 strides: Sequence[int] = (4, 2, 2, 2),
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None,
+                 patch_norm: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
+                 use_abs_pos_embed: bool = False,
+                 act_cfg: dict = dict(type='GELU'),
+                 norm_cfg: dict = dict(type='LN'),
+                 with_cp: bool = False,
+                 pretrained: Optional[str] = None,
+                 convert_weights: bool = False,
+                 frozen_stages: int = -1,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
+
+        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS)
+        embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
+        depths = check_int_sequence('depths', preset['depths'] if depths is None else depths,
+                                    low=0)
+        num_heads = check_int_sequence(
+            'num_heads', preset['num_heads'] if num_heads is None else num_heads)
+        check_int_sequence('strides', strides)
+        window = to_tuple(window_size, 2, 'window_size')
+        check_positive_int('in_channels', in_channels)
+        stage_cfg = check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate,
+                                    drop_path_rate, act_cfg, norm_cfg, init_cfg, qkv_bias,
+                                    with_cp, patch_norm=patch_norm,
+                                    use_abs_pos_embed=use_abs_pos_embed,
+                                    convert_weights=convert_weights)
+        out_indices = validate_swin_config(embed_dims, depths, num_heads, patch_size, window,
+                                           tuple(strides), out_indices, frozen_stages)
+
+        self.arch_settings = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads)
+        self.pretrain_img_size = to_tuple(pretrain_img_size, 2, 'pretrain_img_size')
+        self.in_channels = in_channels
+        self.patch_size = patch_size
+        self.window_size = window
+        self.depths = depths
+        self.num_heads = num_heads
+        self.out_indices = out_indices
+        self.use_abs_pos_embed = use_abs_pos_embed
+        self.convert_weights = convert_weights  # accepted for mmdet configs; detection is automatic
+        self.frozen_stages = frozen_stages
+        self.num_layers = len(depths)
+        self.num_features = [int(embed_dims * 2**i) for i in range(self.num_layers)]
+
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, (patch_size, patch_size),
+                                      norm=patch_norm, proj_name='projection')
+        if use_abs_pos_embed:
+            self.pretrain_grid = tuple(s // patch_size for s in self.pretrain_img_size)
+            self.absolute_pos_embed = nn.Parameter(
+                torch.zeros(1, self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims))
+        self.drop_after_pos = nn.Dropout(drop_rate)
+
+        self.stages = build_swin_stages(embed_dims, depths, num_heads, window, **stage_cfg)
+        for i in out_indices:
+            self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
+        self._init_random()
+        self._freeze_stages()
+
+    # ----------------------------------------------------------------------------- weights
+    def _init_random(self) -> None:
+        """Truncated-normal init for linear layers and tables, as mmdet's ``init_weights``."""
+        if self.use_abs_pos_embed:
+            nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
+        init_linear_and_norm(self.modules())
+
+    def frozen_modules(self):
+        """Modules frozen by ``frozen_stages``, in the order mmdet freezes them."""
+        if self.frozen_stages < 0:
+            return []
+        mods = [self.patch_embed, self.drop_after_pos]
+        for i in range(1, self.frozen_stages + 1):
+            if i - 1 in self.out_indices:
+                mods.append(getattr(self, f'norm{i - 1}'))
+            mods.append(self.stages[i - 1])
+        return mods
+
+    def frozen_parameters(self):
+        if self.frozen_stages >= 0 and self.use_abs_pos_embed:
+            return [self.absolute_pos_embed]
+        return []
+
+    # ---------------------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of (B, C_i, H_i, W_i)."""
+        check_image_input(x, self.in_channels, model=self)
+        x, grid = self.patch_embed(x)  # (B, Hp, Wp, C)
+        if self.use_abs_pos_embed:
+            pos = resize_pos_embed(self.absolute_pos_embed, self.pretrain_grid, grid)
+            x = x + pos.view(1, grid[0], grid[1], -1)
+        x = self.drop_after_pos(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            out, x = stage(x)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(out)
+                outs.append(out.permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    # ------------------------------------------------------------------------ checkpoints
+    def checkpoint_family(self):
+        from ..checkpoint.swin import SWIN_CHECKPOINTS
+        return SWIN_CHECKPOINTS

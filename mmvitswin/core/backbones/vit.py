@@ -1,0 +1,597 @@
+"""Plain Vision Transformer trunk and ``ViTAdapter``: a ViT as a 4-level NCHW pyramid.
+
+Layout (timm-like): pure functions first, then layers, then the trunk, then the registered
+backbone. The checkpoint filter lives in :mod:`mmvitswin.core.checkpoint.vit`.
+
+Output-size rule. The patch embedding pads the input at the bottom/right to a multiple of the
+patch, so the token grid is ``ceil(H / p) x ceil(W / p)``. With ``adapter=None`` the backbone
+returns that grid (stride ``p``) after each block in ``out_indices``, like mmseg's
+``VisionTransformer``. With an adapter the input is first padded to a multiple of ``2p`` (32 for
+``p = 16``) and every pyramid level is cropped back, so level ``i`` of stride ``s_i`` in
+(4, 8, 16, 32) is exactly ``(B, C, ceil(H / s_i), ceil(W / s_i))``.
+
+CLS token. The trunk keeps a learnable CLS token (``with_cls_token=True``) in front of the patch
+tokens, as mmseg and timm do. Global blocks attend over CLS + patches. Windowed blocks (ViTDet
+style) attend inside windows of patch tokens only: the CLS token is not put in any window, its
+attention branch is zero in those blocks, and it still goes through the block's FFN. Decomposed
+relative positions apply to patch-patch pairs; pairs involving the CLS token get no bias.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+
+from ..layers import (FFN, Attention, ConvStem, DropPath, LayerNorm2d, PatchEmbed, build_act,
+                      build_layer_norm, ceil_div, is_tracing, linear_drop_path, merge_windows,
+                      pad_amount, partition_windows, resize_pos_embed, resize_rel_pos_1d,
+                      resolve_arch, resolve_indices, to_tuple)
+from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
+from ..utils import (check_args, check_choice, check_image_input, check_int,
+                     check_int_sequence, check_optional_dict, check_positive_int)
+
+ARCH_ZOO: Dict[str, dict] = {
+    'tiny': dict(embed_dims=192, num_layers=12, num_heads=3, feedforward_channels=768,
+                 patch_size=16),
+    'small': dict(embed_dims=384, num_layers=12, num_heads=6, feedforward_channels=1536,
+                  patch_size=16),
+    'base': dict(embed_dims=768, num_layers=12, num_heads=12, feedforward_channels=3072,
+                 patch_size=16),
+    'large': dict(embed_dims=1024, num_layers=24, num_heads=16, feedforward_channels=4096,
+                  patch_size=16),
+    'huge': dict(embed_dims=1280, num_layers=32, num_heads=16, feedforward_channels=5120,
+                 patch_size=14),
+}
+ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large', 'h': 'huge',
+                'deit-tiny': 'tiny', 'deit-small': 'small', 'deit-base': 'base'}
+ADAPTERS = (None, 'simple', 'interaction')
+VIT_ARCH_KEYS = ('embed_dims', 'num_layers', 'num_heads', 'feedforward_channels')
+
+
+# ------------------------------------------------------------------------ pure functions
+def rel_pos_lookup(length: int, table: torch.Tensor) -> torch.Tensor:
+    """Per-axis relative-position embeddings for ``length`` positions: ``(length, length, C)``.
+
+    ``table: (L, C)`` holds one row per offset ``-(L//2) .. L//2``; it is linearly resized to
+    ``2 * length - 1`` rows first when the axis length differs from the one it was built for
+    (ViTDet's rule, for query and key axes of equal length).
+    """
+    table = resize_rel_pos_1d(table, 2 * length - 1)
+    pos = torch.arange(length, device=table.device)
+    return table[pos[:, None] - pos[None, :] + (length - 1)]
+
+
+def decomposed_rel_pos_bias(q: torch.Tensor, grid: Tuple[int, int], rel_pos_h: torch.Tensor,
+                            rel_pos_w: torch.Tensor) -> torch.Tensor:
+    """ViTDet's decomposed relative position term as an additive attention bias.
+
+    ``q: (B, heads, h*w, head_dim)`` are the *unscaled* queries of the grid tokens. For query
+    ``(i, j)`` and key ``(k, l)`` the bias is ``q . Rh[i - k] + q . Rw[j - l]``. Returns
+    ``(B, heads, h*w, h*w)``.
+    """
+    h, w = grid
+    b, heads, n, d = q.shape
+    rh = rel_pos_lookup(h, rel_pos_h)  # (h, h, d)
+    rw = rel_pos_lookup(w, rel_pos_w)  # (w, w, d)
+    rq = q.reshape(b, heads, h, w, d)
+    bias_h = torch.einsum('bnhwc,hkc->bnhwk', rq, rh.to(q.dtype))
+    bias_w = torch.einsum('bnhwc,wkc->bnhwk', rq, rw.to(q.dtype))
+    bias = bias_h[..., :, None] + bias_w[..., None, :]  # (b, heads, h, w, h, w)
+    return bias.reshape(b, heads, n, n)
+
+
+def default_global_indexes(num_layers: int) -> Tuple[int, ...]:
+    """ViTDet's choice of global blocks: the last block of each quarter (2, 5, 8, 11 for 12)."""
+    step = max(num_layers // 4, 1)
+    return tuple(i for i in range(step - 1, num_layers, step))
+
+
+def crop_to(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    """Crop an NCHW map at the bottom/right to ``size`` (undoes corner padding)."""
+    return x[..., :size[0], :size[1]]
+
+
+# --------------------------------------------------------------------------------- layers
+class ViTAttention(Attention):
+    """``layers.Attention`` plus optional decomposed relative positions (ViTDet ``use_rel_pos``).
+
+    The relative term is built as an additive bias and handed to ``Attention.attend``, so SDPA
+    stays in use. ``rel_pos_size`` is the (h, w) grid the per-axis tables ``rel_pos_h: (2h-1,
+    head_dim)`` and ``rel_pos_w: (2w-1, head_dim)`` are built for; other grids resize them.
+    """
+
+    def __init__(self, dim: int, num_heads: int, rel_pos_size: Optional[Tuple[int, int]] = None,
+                 **kwargs):
+        super().__init__(dim, num_heads, **kwargs)
+        self.use_rel_pos = rel_pos_size is not None
+        if self.use_rel_pos:
+            # zero init as ViTDet (rel_pos_zero_init=True): training starts from plain ViT.
+            self.rel_pos_h = nn.Parameter(torch.zeros(2 * rel_pos_size[0] - 1, self.head_dim))
+            self.rel_pos_w = nn.Parameter(torch.zeros(2 * rel_pos_size[1] - 1, self.head_dim))
+
+    def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
+                num_prefix: int = 0) -> torch.Tensor:
+        """x: (B, num_prefix + h*w, C) -> same shape; ``grid = (h, w)`` needed with rel pos."""
+        if not self.use_rel_pos:
+            return super().forward(x)
+        q, k, v = self.qkv_heads(x)
+        bias = decomposed_rel_pos_bias(q[:, :, num_prefix:], grid, self.rel_pos_h,
+                                       self.rel_pos_w)
+        if num_prefix:
+            bias = F.pad(bias, (num_prefix, 0, num_prefix, 0))  # prefix pairs: no bias
+        return self.out_proj(self.attend(q, k, v, bias))
+
+
+class ViTBlock(nn.Module):
+    """Pre-norm transformer block on a token sequence ``(B, P + h*w, C)``.
+
+    ``window_size=0``: global attention over all tokens. ``window_size=w``: the ``h x w`` grid
+    of patch tokens is zero-padded (after ``norm1``, as ViTDet) to a multiple of ``w`` and
+    attended in ``w x w`` windows; the ``P`` prefix (CLS) tokens skip attention in this block.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, feedforward_channels: int,
+                 window_size: int = 0, rel_pos_size: Optional[Tuple[int, int]] = None,
+                 qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0., act_cfg: Optional[dict] = None,
+                 norm_cfg: Optional[dict] = None, with_cp: bool = False):
+        super().__init__()
+        self.window_size = window_size
+        self.with_cp = with_cp
+        self.norm1 = build_layer_norm(norm_cfg, embed_dims)
+        if window_size and rel_pos_size is not None:
+            rel_pos_size = (window_size, window_size)
+        self.attn = ViTAttention(embed_dims, num_heads, rel_pos_size=rel_pos_size,
+                                 qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
+                                 proj_drop=drop_rate)
+        self.norm2 = build_layer_norm(norm_cfg, embed_dims)
+        self.ffn = FFN(embed_dims, feedforward_channels, drop=drop_rate,
+                       act_layer=build_act(act_cfg))
+        self.drop_path = DropPath(drop_path_rate)
+
+    def _attention(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int):
+        if not self.window_size:
+            return self.attn(x, grid, num_prefix)
+        b, _, c = x.shape
+        prefix, tokens = x[:, :num_prefix], x[:, num_prefix:]
+        window = (self.window_size, self.window_size)
+        # zero padding after norm1 (as ViTDet), windows by one gather each way
+        shape = (b, grid[0], grid[1], c)
+        windows, scatter, _ = partition_windows(tokens.reshape(shape), window, (0, 0))
+        out = merge_windows(self.attn(windows, window, 0), scatter, shape)
+        out = out.view(b, grid[0] * grid[1], c)
+        if num_prefix:
+            out = torch.cat([torch.zeros_like(prefix), out], dim=1)
+        return out
+
+    def _forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int):
+        x = x + self.drop_path(self._attention(self.norm1(x), grid, num_prefix))
+        return x + self.drop_path(self.ffn(self.norm2(x)))
+
+    def forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int = 0):
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, grid, num_prefix, use_reentrant=False)
+        return self._forward(x, grid, num_prefix)
+
+
+class SimpleFeaturePyramid(nn.Module):
+    """ViTDet's simple feature pyramid: strides 4, 8, 16, 32 from one stride-``in_stride`` map.
+
+    For a stride-16 map (ViTDet): x4 = two 2x2 stride-2 deconvolutions with LayerNorm2d + GELU
+    between, x2 = one deconvolution, x1 = identity, x1/2 = 2x2 max-pool. Other power-of-two
+    strides shift the same recipe (stride 8: x2, identity, /2 and /4 max-pools). Each level
+    then goes through 1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to ``out_channels``
+    (convs without bias, as the norms follow). ``forward((B, C, h, w))`` returns four NCHW maps,
+    finest first; :meth:`pyramid` runs it on a trunk's last block.
+
+    Padding constraint (declared, not applied): ``size_divisibility`` is the multiple an image
+    must have for every level to be exactly ``H / s``; the backbone pads and crops back.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int = 256, in_stride: int = 16):
+        super().__init__()
+        check_positive_int('in_channels', in_channels)
+        check_positive_int('out_channels', out_channels)
+        check_choice('in_stride', in_stride, (4, 8, 16, 32))
+        self.size_divisibility = max(32, 2 * in_stride)
+        self.rescale = nn.ModuleList()
+        dims = []
+        for stride in (4, 8, 16, 32):
+            c, layers = in_channels, []
+            up = in_stride // stride  # number of x2 upsamplings = log2(up)
+            while up > 1:
+                if layers:
+                    layers += [LayerNorm2d(c), nn.GELU()]
+                layers.append(nn.ConvTranspose2d(c, c // 2, 2, stride=2))
+                c, up = c // 2, up // 2
+            if stride > in_stride:
+                layers.append(nn.MaxPool2d(stride // in_stride, stride=stride // in_stride))
+            self.rescale.append(nn.Sequential(*layers) if layers else nn.Identity())
+            dims.append(c)
+        self.outputs = nn.ModuleList([
+            nn.Sequential(
+                nn.Conv2d(d, out_channels, 1, bias=False), LayerNorm2d(out_channels),
+                nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
+                LayerNorm2d(out_channels)) for d in dims
+        ])
+
+    def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
+        return [head(rescale(x)) for head, rescale in zip(self.outputs, self.rescale)]
+
+    def pyramid(self, trunk: 'VisionTransformerTrunk', img: torch.Tensor) -> List[torch.Tensor]:
+        """The four levels of ``img`` (padded to ``size_divisibility``) from the map of the
+        trunk's last block (final norm applied)."""
+        return self(trunk.forward_intermediates(img)[-1])
+
+
+# ---------------------------------------------------------------------------------- trunk
+class VisionTransformerTrunk(TransformerBackbone):
+    """Plain ViT trunk: patch embedding, CLS token, abs pos-embed, blocks, final norm.
+
+    The trunk has no output or freezing policy of its own: the registered builders
+    (:class:`ViTAdapter`, ``HybridViT``) choose which maps to return (``out_indices``) and what
+    to freeze (``frozen_stages``) with their own documented meaning, and call
+    :meth:`forward_intermediates` / :meth:`trunk_frozen_modules`. Parameter names (our
+    checkpoint layout): ``patch_embed.proj``, ``cls_token``, ``pos_embed``, ``norm_pre``,
+    ``blocks.{i}.{norm1,attn.qkv,attn.proj,attn.rel_pos_h,attn.rel_pos_w,norm2,ffn.layers.0.0,
+    ffn.layers.1}``, ``norm``.
+
+    The trunk protocol (what adapters and builders use):
+
+    - ``patch_embed`` (ctor arg, injected): a module, or a factory called as
+      ``patch_embed(in_channels, embed_dims)`` once those are resolved, mapping
+      ``(B, C_in, H, W)`` to ``(tokens (B, h, w, embed_dims), (h, w))`` like
+      ``layers.PatchEmbed``, with ``h, w`` a function of H, W only. It is stored as
+      ``self.patch_embed`` (layer decay gives it depth 0) and initialises itself.
+      ``patch_size`` must then be its total stride: it sets the pretraining grid
+      ``img_size // patch_size`` of ``pos_embed``.
+    - ``prepare_tokens(x) -> (seq, grid)``: image ``(B, C_in, H, W)`` to the token sequence
+      ``seq: (B, P + h*w, C)`` (``P = num_prefix_tokens`` CLS tokens first, then the grid
+      row-major) with pos-embed added (resized bicubically to ``grid``), dropout, pre-norm;
+      ``embed_tokens(tokens, grid)`` does the part after ``patch_embed``.
+    - ``forward_blocks(seq, grid, start, end) -> seq``: run ``blocks[start:end]``.
+    - ``forward_intermediates(x, indices, embedded=None)``: the NCHW maps after each block in
+      ``indices`` (``final_norm`` applied after the last block): the one intermediates method.
+    - ``forward(x)``: the map of the last block.
+
+    Args (OpenMMLab names where mmseg has one): ``img_size`` pretraining size of ``pos_embed``;
+    ``window_size``/``global_attn_indexes`` ViTDet windowing (0: all global; with a window the
+    listed blocks stay global, default the last of each quarter); ``use_rel_pos`` decomposed
+    relative positions (window tables ``2w-1`` rows, global ones ``2 * img_size/p - 1``);
+    ``stem``: ``'patch'`` (default, the ViT patchify conv that checkpoints carry) or ``'conv'``
+    (:class:`layers.ConvStem`, for training from scratch).
+    """
+
+    def __init__(self,
+                 arch='base',
+                 img_size=224,
+                 patch_size: Optional[int] = None,
+                 in_channels: int = 3,
+                 embed_dims: Optional[int] = None,
+                 num_layers: Optional[int] = None,
+                 num_heads: Optional[int] = None,
+                 mlp_ratio: Optional[float] = None,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 with_cls_token: bool = True,
+                 norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
+                 act_cfg: Optional[dict] = dict(type='GELU'),
+                 patch_norm: bool = False,
+                 patch_bias: bool = True,
+                 pre_norm: bool = False,
+                 final_norm: bool = False,
+                 interpolate_mode: str = 'bicubic',
+                 window_size: int = 0,
+                 global_attn_indexes: Optional[Sequence[int]] = None,
+                 use_rel_pos: bool = False,
+                 with_cp: bool = False,
+                 patch_embed=None,
+                 stem: str = 'patch',
+                 pretrained: Optional[str] = None,
+                 init_cfg=None):
+        super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
+        if stem not in ('patch', 'conv'):
+            raise ValueError(f"stem must be 'patch' (one patchify conv) or 'conv' (3x3 conv "
+                             f"stem), got {stem!r}")
+        if stem != 'patch' and patch_embed is not None:
+            raise ValueError(f'stem={stem!r} and a patch_embed module exclude each other')
+        if patch_embed is not None and not callable(patch_embed):
+            raise TypeError(f'patch_embed must be an nn.Module, a factory '
+                            f'(in_channels, embed_dims) -> nn.Module, or None, got '
+                            f'{type(patch_embed).__name__}')
+        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, VIT_ARCH_KEYS)
+        embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
+        num_layers = preset['num_layers'] if num_layers is None else num_layers
+        num_heads = preset['num_heads'] if num_heads is None else num_heads
+        patch_size = preset.get('patch_size', 16) if patch_size is None else patch_size
+        for name, value in (('embed_dims', embed_dims), ('num_layers', num_layers),
+                            ('num_heads', num_heads), ('patch_size', patch_size),
+                            ('in_channels', in_channels)):
+            check_positive_int(name, value)
+        check_args(optional_positive=dict(mlp_ratio=mlp_ratio),
+                   probabilities=dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                                      drop_path_rate=drop_path_rate),
+                   flags=dict(qkv_bias=qkv_bias, with_cls_token=with_cls_token,
+                              patch_norm=patch_norm, patch_bias=patch_bias, pre_norm=pre_norm,
+                              final_norm=final_norm, use_rel_pos=use_rel_pos, with_cp=with_cp),
+                   cfgs=dict(norm_cfg=norm_cfg, act_cfg=act_cfg, init_cfg=init_cfg))
+        ffn_dims = (preset['feedforward_channels'] * embed_dims // preset['embed_dims']
+                    if mlp_ratio is None else int(mlp_ratio * embed_dims))
+        if ffn_dims < 1:
+            raise ValueError(f'mlp_ratio * embed_dims must give a hidden width >= 1, got '
+                             f'mlp_ratio={mlp_ratio!r}, embed_dims={embed_dims}')
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
+                             f'({num_heads})')
+        check_choice('interpolate_mode', interpolate_mode, ('bicubic', 'bilinear'))
+        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
+            raise ValueError(f'window_size must be an int >= 0 (0: global attention), got '
+                             f'{window_size!r}')
+        self.img_size = to_tuple(img_size, 2, 'img_size')
+        self.pretrain_grid = tuple(s // patch_size for s in self.img_size)
+        if min(self.pretrain_grid) < 1:
+            raise ValueError(f'img_size {self.img_size} is smaller than patch_size {patch_size}')
+        if global_attn_indexes is None:
+            global_attn_indexes = default_global_indexes(num_layers) if window_size else ()
+        global_attn_indexes = check_int_sequence('global_attn_indexes', global_attn_indexes,
+                                                 low=0, allow_empty=True)
+        if any(not 0 <= i < num_layers for i in global_attn_indexes):
+            raise ValueError(f'global_attn_indexes must be block indices in [0, {num_layers - 1}]'
+                             f', got {global_attn_indexes}')
+
+        self.arch_settings = dict(embed_dims=embed_dims, num_layers=num_layers,
+                                  num_heads=num_heads, feedforward_channels=ffn_dims)
+        self.in_channels = in_channels
+        self.patch_size = patch_size
+        self.embed_dims = embed_dims
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.with_cls_token = with_cls_token
+        self.num_prefix_tokens = 1 if with_cls_token else 0
+        self.interpolate_mode = interpolate_mode
+        self.window_size = window_size
+        self.global_attn_indexes = global_attn_indexes
+        self.use_rel_pos = use_rel_pos
+        self.final_norm = final_norm
+
+        if stem == 'conv':
+            patch_embed = ConvStem(in_channels, embed_dims, patch_size)
+        elif patch_embed is None:
+            patch_embed = PatchEmbed(in_channels, embed_dims, (patch_size, patch_size),
+                                     norm=False, proj_name='proj', bias=patch_bias)
+            if patch_norm:
+                patch_embed.norm = build_layer_norm(norm_cfg, embed_dims)
+        elif not isinstance(patch_embed, nn.Module):
+            patch_embed = patch_embed(in_channels, embed_dims)  # an injected factory
+        self.patch_embed = patch_embed
+        if with_cls_token:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        # One CLS entry is always stored (also without a CLS token) so checkpoints map 1:1.
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, 1 + self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims))
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        self.norm_pre = build_layer_norm(norm_cfg, embed_dims) if pre_norm else None
+
+        rates = linear_drop_path(drop_path_rate, num_layers)
+        self.blocks = nn.ModuleList([
+            ViTBlock(embed_dims, num_heads, ffn_dims,
+                     window_size=0 if i in global_attn_indexes else window_size,
+                     rel_pos_size=self.pretrain_grid if use_rel_pos else None,
+                     qkv_bias=qkv_bias, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                     drop_path_rate=rates[i], act_cfg=act_cfg, norm_cfg=norm_cfg,
+                     with_cp=with_cp) for i in range(num_layers)
+        ])
+        self.norm = build_layer_norm(norm_cfg, embed_dims) if final_norm else None
+        self.init_trunk_weights()
+
+    # ---------------------------------------------------------------------------- weights
+    def init_trunk_weights(self) -> None:
+        """timm/mmseg init: trunc-normal(0.02) for pos-embed, CLS and the blocks' linear
+        weights. The patch embedding (built here or injected) keeps its own init."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.with_cls_token:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for part in (self.norm_pre, self.blocks, self.norm):
+            if part is not None:
+                init_linear_and_norm(part.modules())
+
+    def _init_random(self) -> None:
+        self.init_trunk_weights()
+
+    def checkpoint_family(self):
+        from ..checkpoint.vit import VIT_CHECKPOINTS
+        return VIT_CHECKPOINTS
+
+    # ------------------------------------------------------------------------ layer decay
+    def get_layer_depth(self, param_name: str) -> int:
+        """Depth for layer-wise lr decay: 0 for the embedding (patch embed, CLS, pos-embed,
+        pre-norm), ``i + 1`` for ``blocks.i``, ``num_layers + 1`` for everything after."""
+        if param_name.startswith(('patch_embed.', 'norm_pre.')) or param_name in (
+                'cls_token', 'pos_embed'):
+            return 0
+        if param_name.startswith('blocks.'):
+            return int(param_name.split('.')[1]) + 1
+        return self.num_layers + 1
+
+    # ----------------------------------------------------------------------------- freezing
+    def trunk_frozen_modules(self, stages: int) -> List[nn.Module]:
+        """What freezing the trunk up to ``stages`` means: -1 nothing, 0 the embedding (patch
+        embed + pos dropout + pre-norm), ``k`` also blocks ``0..k-1``, ``num_layers`` also the
+        final norm."""
+        if stages < 0:
+            return []
+        mods = [self.patch_embed, self.drop_after_pos]
+        if self.norm_pre is not None:
+            mods.append(self.norm_pre)
+        mods += list(self.blocks[:stages])
+        if stages == self.num_layers and self.norm is not None:
+            mods.append(self.norm)
+        return mods
+
+    def trunk_frozen_parameters(self, stages: int) -> List[nn.Parameter]:
+        """The position embedding and CLS token, frozen with the embedding (``stages >= 0``)."""
+        if stages < 0:
+            return []
+        return [self.pos_embed] + ([self.cls_token] if self.with_cls_token else [])
+
+    # ---------------------------------------------------------------------------- forward
+    def prepare_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """x: (B, C_in, H, W) -> (seq (B, P + h*w, C), grid (h, w)); see class docstring."""
+        tokens, grid = self.patch_embed(x)
+        return self.embed_tokens(tokens, grid)
+
+    def embed_tokens(self, tokens: torch.Tensor,
+                     grid: Tuple[int, int]) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Patch-embedding output ``tokens: (B, h, w, C)`` -> ``(seq, grid)`` as
+        :meth:`prepare_tokens` (CLS, resized pos-embed, dropout, pre-norm). Lets a caller that
+        ran ``patch_embed`` itself (the hybrid keeps the CNN maps) finish the embedding."""
+        b = tokens.shape[0]
+        tokens = tokens.reshape(b, grid[0] * grid[1], -1)
+        pos = resize_pos_embed(self.pos_embed, self.pretrain_grid, grid, num_prefix_tokens=1,
+                               mode=self.interpolate_mode)
+        seq = tokens + pos[:, 1:]
+        if self.with_cls_token:
+            seq = torch.cat([(self.cls_token + pos[:, :1]).expand(b, -1, -1), seq], dim=1)
+        seq = self.drop_after_pos(seq)
+        if self.norm_pre is not None:
+            seq = self.norm_pre(seq)
+        return seq, tuple(grid)
+
+    def forward_blocks(self, seq: torch.Tensor, grid: Tuple[int, int], start: int = 0,
+                       end: Optional[int] = None) -> torch.Tensor:
+        """Run ``blocks[start:end]`` on ``seq: (B, P + h*w, C)``; returns the same shape."""
+        for block in self.blocks[start:end]:
+            seq = block(seq, grid, self.num_prefix_tokens)
+        return seq
+
+    def seq_to_map(self, seq: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        """(B, P + h*w, C) -> (B, C, h, w), prefix tokens dropped."""
+        tokens = seq[:, self.num_prefix_tokens:]
+        return tokens.transpose(1, 2).reshape(seq.shape[0], -1, grid[0], grid[1]).contiguous()
+
+    def forward_intermediates(self, x: Optional[torch.Tensor], indices: Sequence[int] = (-1, ),
+                              embedded=None) -> List[torch.Tensor]:
+        """Maps ``(B, C, h, w)`` after each block in ``indices`` (block indices, negative ones
+        from the end; ``final_norm`` applied after the last block), in block order.
+
+        ``x``: the image ``(B, C_in, H, W)``; or ``embedded = (seq, grid)`` when the caller ran
+        the embedding itself (:meth:`embed_tokens`), with ``x`` unused."""
+        wanted = {i % self.num_layers for i in indices}
+        seq, grid = self.prepare_tokens(x) if embedded is None else embedded
+        outs = []
+        for i, block in enumerate(self.blocks):
+            seq = block(seq, grid, self.num_prefix_tokens)
+            if i == self.num_layers - 1 and self.norm is not None:
+                seq = self.norm(seq)
+            if i in wanted:
+                outs.append(self.seq_to_map(seq, grid))
+        return outs
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The map (B, C, ceil(H/p), ceil(W/p)) after the last block, as a 1-tuple."""
+        check_image_input(x, self.in_channels, model=self)
+        return tuple(self.forward_intermediates(x))
+
+
+# ------------------------------------------------------------------------------- backbone
+class ViTAdapter(VisionTransformerTrunk):
+    """ViT backbone for dense prediction: the trunk's block maps or a 4-level pyramid.
+
+    The trunk (:class:`VisionTransformerTrunk`, all other arguments) plus an optional adapter
+    module that turns it into a pyramid, held as ``adapter`` (state-dict keys ``adapter.*``):
+
+    - ``adapter=None``: ``out_indices`` are block indices (default -1, the last block); the
+      maps of those blocks at stride ``p``, as mmseg's ``VisionTransformer``.
+    - ``adapter='simple'``: ViTDet's :class:`SimpleFeaturePyramid` on the last block
+      (``adapter_cfg``: ``out_channels``, default 256).
+    - ``adapter='interaction'``: ViT-Adapter's
+      :class:`~mmvitswin.core.backbones.vit_adapter_modules.InteractionAdapter`, which drives
+      the trunk's blocks in groups (``adapter_cfg`` goes to it).
+
+    With an adapter ``out_indices`` are pyramid levels (default (0, 1, 2, 3) = strides 4, 8,
+    16, 32); the image is padded to the adapter's ``size_divisibility`` and each level cropped
+    back to ``ceil(H / s)``. ``frozen_stages``: -1 none, 0 the embedding (patch embed, CLS,
+    pos-embed, pre-norm), ``k`` also blocks ``0..k-1``, ``num_layers`` also the final norm
+    (frozen parts: no grad and eval mode; the adapter is never frozen).
+    """
+
+    def __init__(self, arch='base', adapter: Optional[str] = None,
+                 adapter_cfg: Optional[dict] = None, out_indices=None, frozen_stages: int = -1,
+                 **kwargs):
+        check_choice('adapter', adapter, ADAPTERS)
+        check_optional_dict('adapter_cfg', adapter_cfg)
+        super().__init__(arch, **kwargs)
+        check_int('frozen_stages', frozen_stages, -1, self.num_layers)
+        self.adapter_type = adapter
+        self.frozen_stages = frozen_stages
+        if adapter is None:
+            self.out_indices = resolve_indices(-1 if out_indices is None else out_indices,
+                                               self.num_layers, 'block indices',
+                                               allow_negative=True)
+            self.adapter = None
+        else:
+            self.out_indices = resolve_indices((0, 1, 2, 3) if out_indices is None else
+                                               out_indices, 4, 'pyramid levels',
+                                               note=' with an adapter')
+            allowed = (4, 8, 16, 32) if adapter == 'simple' else (16, )
+            if self.patch_size not in allowed:
+                raise ValueError(f'adapter={adapter!r} needs patch_size in {allowed} (strides '
+                                 f'4..32 are built from the stride-patch map), got '
+                                 f'{self.patch_size}; checkpoints with other patch sizes are '
+                                 'resampled on loading')
+            build = self._simple_pyramid if adapter == 'simple' else self._interaction_adapter
+            self.adapter = build(dict(adapter_cfg or {}))
+        self._freeze_stages()
+
+    def _simple_pyramid(self, cfg: dict) -> SimpleFeaturePyramid:
+        out_channels = cfg.pop('out_channels', 256)
+        if cfg:
+            raise ValueError(f"adapter_cfg for 'simple' accepts out_channels only, got "
+                             f'{sorted(cfg)}')
+        return SimpleFeaturePyramid(self.embed_dims, out_channels, self.patch_size)
+
+    def _interaction_adapter(self, cfg: dict) -> nn.Module:
+        """ViT-Adapter's ``InteractionAdapter``; ``interaction_indexes`` defaults to four equal
+        groups of blocks and ``num_heads`` (deformable heads) to 6 below ViT-L, 16 from it."""
+        from .vit_adapter_modules import InteractionAdapter, _check_interaction_indexes
+        if self.window_size and not self.global_attn_indexes:
+            raise ValueError('adapter="interaction" with windowed blocks needs global blocks')
+        step = self.num_layers // 4
+        default = [(i * step, (i + 1) * step if i < 3 else self.num_layers) for i in range(4)]
+        indexes = _check_interaction_indexes(cfg.pop('interaction_indexes', default))
+        if not indexes or indexes[-1][-1] != self.num_layers:
+            raise ValueError(f'interaction_indexes must end at num_layers ({self.num_layers}), '
+                             f'got {indexes}')
+        num_heads = cfg.pop('num_heads', 6 if self.embed_dims < 1024 else 16)
+        cfg.setdefault('in_channels', self.in_channels)
+        return InteractionAdapter(self.embed_dims, num_heads, indexes, **cfg)
+
+    def frozen_modules(self) -> List[nn.Module]:
+        return self.trunk_frozen_modules(self.frozen_stages)
+
+    def frozen_parameters(self) -> List[nn.Parameter]:
+        return self.trunk_frozen_parameters(self.frozen_stages)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: (B, C_in, H, W) -> tuple of NCHW maps (see the module docstring for sizes)."""
+        check_image_input(x, self.in_channels, model=self)
+        if self.adapter is None:
+            return tuple(self.forward_intermediates(x, self.out_indices))
+        h, w = x.shape[-2:]
+        multiple = self.adapter.size_divisibility
+        x = F.pad(x, (0, pad_amount(w, multiple), 0, pad_amount(h, multiple)))
+        levels = self.adapter.pyramid(self, x)
+        outs = []
+        for i in self.out_indices:
+            stride = 4 * 2**i
+            # contiguous NCHW: LayerNorm2d leaves channels-last strides and the crop a view,
+            # and mmcv's RoIAlign (CPU) reads its input as dense NCHW memory
+            # (traced: a clone, whose layout does not hinge on whether the crop removed anything,
+            # a size-dependent fact that would otherwise become a recompile guard)
+            level = crop_to(levels[i], (ceil_div(h, stride), ceil_div(w, stride)))
+            outs.append(level.clone(memory_format=torch.contiguous_format) if is_tracing()
+                        else level.contiguous())
+        return tuple(outs)

@@ -1,0 +1,206 @@
+"""Reading checkpoint files, unwrapping their containers, and loading into a backbone.
+
+Each checkpoint family is described as data beside this file (``swin.py``, ``swin3d.py``,
+``vit.py``, ``hybrid_vit.py``: a :class:`CheckpointFamily` each). This module is the one engine
+that runs them (:func:`fit_checkpoint`: detect, convert, drop derived keys, probe the
+architecture, resize, fit) and does the generic part: find the state dict inside whatever
+container was saved, hand it to the backbone's ``convert_checkpoint``, refuse shape mismatches
+and report every key that still does not match in **one** warning.
+"""
+import re
+import warnings
+from collections import OrderedDict
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from .files import CheckpointError, load_checkpoint_file
+
+StateDict = Dict[str, torch.Tensor]
+_CONTAINER_KEYS = ('state_dict', 'model', 'module', 'model_state', 'state_dict_ema')
+# Tensors a model derives from its config (window gather indices, shift masks, log-spaced
+# coordinate tables): rebuilt by the model, never taken from a file.
+DERIVED_KEYS = ('relative_position_index', 'attn_mask', 'relative_coords_table')
+
+
+class LoadReport(NamedTuple):
+    missing: List[str]
+    unexpected: List[str]
+
+
+def unwrap_state_dict(ckpt, prefix: Optional[str] = None) -> StateDict:
+    """Find the tensors of a model inside a saved object.
+
+    Accepts a bare state dict or one wrapped in ``state_dict``/``model``/``module``/...; strips
+    ``module.`` (DataParallel/DDP); keeps only the ``prefix`` sub-tree when given, else the
+    ``backbone.`` sub-tree when the file is a whole detector/segmentor.
+    """
+    if not isinstance(ckpt, dict):
+        raise TypeError(f'checkpoint must hold a dict, got {type(ckpt).__name__}')
+    sd = ckpt
+    while isinstance(sd, dict) and not _has_tensors(sd):
+        inner = next((sd[k] for k in _CONTAINER_KEYS if isinstance(sd.get(k), dict)), None)
+        if inner is None:
+            raise ValueError(f'no state dict found in checkpoint (top-level keys: '
+                             f'{sorted(sd)[:10]})')
+        sd = inner
+    sd = OrderedDict((k, v) for k, v in sd.items() if isinstance(v, torch.Tensor))
+    if sd and all(k.startswith('module.') for k in sd):
+        sd = OrderedDict((k[len('module.'):], v) for k, v in sd.items())
+    if prefix is None and any(k.startswith('backbone.') for k in sd):
+        prefix = 'backbone.'
+    if prefix:
+        if not prefix.endswith('.'):
+            prefix += '.'
+        sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items() if k.startswith(prefix))
+        if not sd:
+            raise ValueError(f'checkpoint has no keys under prefix {prefix!r}')
+    return sd
+
+
+def _has_tensors(d: dict) -> bool:
+    return any(isinstance(v, torch.Tensor) for v in d.values())
+
+
+# ------------------------------------------------------------------- checkpoint families
+class CheckpointFamily(NamedTuple):
+    """What one model family's checkpoints look like, as data (see each family's module:
+    ``checkpoint/swin.py``, ``swin3d.py``, ``vit.py``, ``hybrid_vit.py``); run by
+    :func:`fit_checkpoint`.
+
+    - ``name``: how errors name the family ('Swin', 'ViT', ...).
+    - ``convert(sd) -> (sd, format)``: detect the layout (ValueError when it is none of the
+      family's) and rename keys / transform tensors to ours.
+    - ``transform(sd, format, model) -> sd``: the conversions that need the model's config
+      (video inflation of image weights); None: none.
+    - ``probe(sd) -> {field: value}``: the architecture the converted keys reveal (None:
+      unknown); ``model_probe(model)`` the same fields of the model. A difference is refused.
+    - ``resize``: ``(key regex, fn(key, value, own, model) -> tensor)`` rules applied to each
+      key whose shape differs from the model's tensor ``own`` (position tables, kernels).
+    - ``fit(sd, model) -> sd``: the family's whole-dict fitting (None: none), after ``resize``.
+    - ``derived``: key suffixes the model rebuilds itself (``relative_position_index``): never
+      taken from a file, always the model's own values.
+    - ``keep_initialised``: ``{format: key regex}``: model keys a file of that format cannot
+      hold (new heads); they keep their initialisation without being reported missing.
+    - ``drop_mismatched``: key regex of tensors left initialised (reported missing) when their
+      shape does not fit, instead of refusing the file.
+    """
+    name: str
+    convert: Callable[[StateDict], Tuple[StateDict, str]]
+    probe: Callable[[StateDict], Dict[str, object]]
+    model_probe: Callable[[nn.Module], Dict[str, object]]
+    resize: Tuple[Tuple[str, Callable], ...] = ()
+    transform: Optional[Callable[[StateDict, str, nn.Module], StateDict]] = None
+    fit: Optional[Callable[[StateDict, nn.Module], StateDict]] = None
+    derived: Tuple[str, ...] = DERIVED_KEYS
+    keep_initialised: Dict[str, str] = {}
+    drop_mismatched: Optional[str] = None
+
+
+def fit_checkpoint(family: CheckpointFamily, sd: StateDict, model: nn.Module) -> StateDict:
+    """Any state dict of ``family`` -> ``model``'s keys and sizes: detect, convert, drop
+    derived keys, check the architecture, resize, fit, then the model's own derived tensors.
+    ValueError (naming the field or key) when the file belongs to another architecture."""
+    sd, fmt = family.convert(sd)
+    if family.transform is not None:
+        sd = family.transform(sd, fmt, model)
+    sd = OrderedDict((k, v) for k, v in sd.items() if not k.endswith(family.derived))
+    have, want = family.probe(sd), family.model_probe(model)
+    for field, value in have.items():
+        if value is not None and value != want[field]:
+            raise ValueError(f'checkpoint is a {family.name} with {field}={value}, but this '
+                             f'model has {field}={want[field]}')
+    own = model.state_dict()
+    for key, value in list(sd.items()):
+        if key not in own or own[key].shape == value.shape:
+            continue
+        if family.drop_mismatched and re.fullmatch(family.drop_mismatched, key):
+            del sd[key]
+            continue
+        for pattern, resize in family.resize:
+            if re.search(pattern, key):
+                sd[key] = resize(key, value, own[key], model)
+                break
+    if family.fit is not None:
+        sd = family.fit(sd, model)
+    for key, value in own.items():
+        if key.endswith(family.derived):
+            sd[key] = value
+    keep = family.keep_initialised.get(fmt)
+    if keep:
+        for key, value in own.items():
+            if re.match(keep, key):
+                sd.setdefault(key, value)
+    return sd
+
+
+def load_state_dict_reported(model: nn.Module, state_dict: StateDict,
+                             source: str = 'checkpoint') -> LoadReport:
+    """Load a converted state dict; refuse shape mismatches; warn once about leftover keys.
+
+    Derived buffers that the model rebuilds itself (:data:`DERIVED_KEYS`) never count as
+    missing.
+    """
+    own = model.state_dict()
+    state_dict = OrderedDict(state_dict)
+    for k in own:  # derived buffers are rebuilt by the model, never taken from a file
+        if k.endswith(DERIVED_KEYS):
+            state_dict[k] = own[k]
+    bad = [f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}'
+           for k, v in state_dict.items() if k in own and own[k].shape != v.shape]
+    if bad:
+        raise ValueError(f'{source} does not fit {type(model).__name__} (different architecture?)'
+                         ': ' + '; '.join(bad[:8]) + (f' (+{len(bad) - 8} more)' if len(bad) > 8
+                                                     else ''))
+    result = model.load_state_dict(state_dict, strict=False)
+    report = LoadReport(list(result.missing_keys), list(result.unexpected_keys))
+    if report.missing or report.unexpected:
+        parts = []
+        if report.missing:
+            parts.append(f'missing in {source} (left as initialised): {", ".join(report.missing)}')
+        if report.unexpected:
+            parts.append(f'unused from {source}: {", ".join(report.unexpected)}')
+        warnings.warn(f'{type(model).__name__}: ' + ' | '.join(parts), stacklevel=2)
+    return report
+
+
+def load_pretrained(model: nn.Module, checkpoint: str, prefix: Optional[str] = None,
+                    map_location='cpu') -> LoadReport:
+    """Load the checkpoint file ``checkpoint`` into ``model`` (see
+    :func:`load_pretrained_dict`); the file is read by
+    :func:`~mmvitswin.core.checkpoint.files.load_checkpoint_file`."""
+    ckpt = load_checkpoint_file(checkpoint, map_location=map_location)
+    return load_pretrained_dict(model, ckpt, source=str(checkpoint), prefix=prefix)
+
+
+def load_pretrained_dict(model: nn.Module, ckpt: dict, source: str = 'checkpoint',
+                         prefix: Optional[str] = None) -> LoadReport:
+    """Load a checkpoint already read into memory (``ckpt``: what the file held) into
+    ``model`` through its ``convert_checkpoint(state_dict)``.
+
+    The backbone's converter detects the format, renames keys to our layout and resizes
+    position tables to the model; this function does the rest (see module docstring).
+    """
+    try:
+        sd = unwrap_state_dict(ckpt, prefix=prefix)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(source, 'not a checkpoint', str(exc)) from None
+    if not sd:
+        raise CheckpointError(source, 'not a checkpoint', 'it holds no tensors')
+    name = type(model).__name__
+    convert = getattr(model, 'convert_checkpoint', None)
+    if convert is not None:
+        try:
+            sd = convert(sd)
+        except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as exc:
+            raise CheckpointError(source, 'other model', f'its weights do not belong to this '
+                                  f'{name}: {exc}') from None
+    own = model.state_dict()
+    if not any(k in own for k in sd):
+        raise CheckpointError(source, 'other model', f'none of its {len(sd)} tensors (e.g. '
+                              f'{sorted(sd)[:3]}) is a parameter of this {name}')
+    try:
+        return load_state_dict_reported(model, sd, source=source)
+    except ValueError as exc:  # shapes refused before anything was copied
+        raise CheckpointError(source, 'other model', str(exc)) from None

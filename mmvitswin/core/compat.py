@@ -1,0 +1,313 @@
+"""Every torch-version-specific API that mmvitswin uses, in one place.
+
+mmvitswin supports torch 2.1 to 2.13 (README, "Tested versions"). Code elsewhere in the package
+imports from here instead of probing ``torch`` itself, so that importing :mod:`mmvitswin` never
+raises ``AttributeError`` on an old torch and each fallback is written (and tested) once.
+
+What degrades on an older torch:
+
+* **Safe checkpoint loading** (``HAS_SAFE_GLOBAL_ALIASES``, torch >= 2.6). The weights-only
+  unpickler with our runner-checkpoint allow-list needs ``add_safe_globals`` with
+  ``(object, "module.name")`` entries (torch 2.6). Before that, :mod:`mmvitswin.core.checkpoint.
+  safe_load` loads checkpoints the way MMEngine itself does on that torch: ``torch.load`` with
+  ``weights_only=False``, i.e. full pickle, which can run code embedded in the file. Only load
+  checkpoints you trust there (the same as with plain MMEngine/MMDetection on that torch).
+* **Autocast-aware autograd functions**: ``torch.amp.custom_fwd``/``custom_bwd`` (torch 2.4)
+  are replaced by ``torch.cuda.amp.custom_fwd``/``custom_bwd`` for CUDA and by an equivalent
+  wrapper written here for other devices; the behaviour is the same. :func:`grad_scaler`
+  (``torch.amp.GradScaler``, torch 2.3) falls back to the CUDA one. fp16 autocast on CPU
+  (``CPU_AUTOCAST_FP16``) is missing on torch 2.1 (bf16 only): :func:`autocast` says so, and the
+  fp16-on-CPU tests skip.
+* **Autocast queries** (:func:`is_autocast_enabled`, :func:`get_autocast_dtype`) use the
+  per-device spellings of torch < 2.4. Same answers; under torch.compile on torch 2.1,
+  :func:`get_autocast_dtype` is a graph break (dynamo cannot trace the old spelling).
+* **torch.compile with dynamic shapes** (``COMPILE_DYNAMIC_OK``, torch >= 2.6): before that,
+  ``torch.compile(dynamic=True, fullgraph=True)`` of a Swin backbone (pad to window, roll,
+  window partition with symbolic sizes) hits dynamic-shape bugs reported against Swin models
+  through torch 2.5 (pytorch#121637, #128134, #139474) and fails on torch 2.1 here; callers
+  (benchmarks, tests) skip or compile with static shapes instead.
+* **Export** (``HAS_TORCH_EXPORT``, torch >= 2.2: ``torch.export.export`` with
+  ``torch.export.Dim`` dynamic shapes; ``HAS_DYNAMO_ONNX_EXPORT``, torch >= 2.5:
+  ``torch.onnx.export(..., dynamo=True)``): unavailable features; their tests skip.
+* ``F.scaled_dot_product_attention(..., scale=)`` exists from torch 2.1, our floor, so attention
+  needs no fallback (``SDPA_HAS_SCALE`` records it).
+"""
+import contextlib
+import functools
+import re
+import warnings
+from typing import Callable, Iterable, List, Optional, Tuple
+
+import torch
+
+
+def _parse_version(text: str) -> Tuple[int, int, int]:
+    """``'2.1.2+cu121'`` -> ``(2, 1, 2)``; ``'2.13.0a0+git1234'`` -> ``(2, 13, 0)``."""
+    parts = [int(p) for p in re.findall(r'\d+', text.split('+')[0])[:3]]
+    while len(parts) < 3:
+        parts.append(0)
+    return tuple(parts)  # type: ignore[return-value]
+
+
+TORCH_VERSION: Tuple[int, int, int] = _parse_version(torch.__version__)
+
+_serialization = torch.serialization
+# torch.serialization.add_safe_globals (2.4) ...
+HAS_SAFE_GLOBALS: bool = hasattr(_serialization, 'add_safe_globals')
+# ... accepting (obj, 'module.name') entries, which our allow-list needs (2.6, pytorch#142153).
+HAS_SAFE_GLOBAL_ALIASES: bool = HAS_SAFE_GLOBALS and TORCH_VERSION >= (2, 6)
+# torch.serialization.get_unsafe_globals_in_checkpoint (2.5).
+HAS_UNSAFE_GLOBALS_SCAN: bool = hasattr(_serialization, 'get_unsafe_globals_in_checkpoint')
+# torch.load's default for weights_only: True from 2.6, False before.
+WEIGHTS_ONLY_DEFAULT: bool = TORCH_VERSION >= (2, 6)
+
+SDPA_HAS_SCALE: bool = TORCH_VERSION >= (2, 1)
+COMPILE_DYNAMIC_OK: bool = hasattr(torch, 'compile') and TORCH_VERSION >= (2, 6)
+HAS_TORCH_EXPORT: bool = TORCH_VERSION >= (2, 2)
+HAS_DYNAMO_ONNX_EXPORT: bool = TORCH_VERSION >= (2, 5)
+
+
+def torch_at_least(*version: int) -> bool:
+    """``torch_at_least(2, 5)``: is the installed torch at least that version?"""
+    return TORCH_VERSION >= tuple(version) + (0,) * (3 - len(version))
+
+
+# ----------------------------------------------------------------------------- serialization
+def add_safe_globals(entries: Iterable) -> bool:
+    """``torch.serialization.add_safe_globals(entries)`` where the allow-list supports them.
+
+    Returns False (and does nothing) on torch < 2.6, where there is no allow-list or it rejects
+    ``(obj, name)`` entries; torch.load does not default to weights-only there anyway.
+    """
+    if not HAS_SAFE_GLOBAL_ALIASES:
+        return False
+    _serialization.add_safe_globals(list(entries))
+    return True
+
+
+def safe_globals(entries: Iterable):
+    """A context in which weights-only ``torch.load`` also accepts ``entries`` (torch's
+    ``serialization.safe_globals``; the process-wide allow-list is restored on exit). A null
+    context on torch < 2.6, which does not default to weights-only."""
+    if not HAS_SAFE_GLOBAL_ALIASES:
+        return contextlib.nullcontext()
+    return _serialization.safe_globals(list(entries))
+
+
+def unsafe_globals_in_checkpoint(file: str) -> Optional[List[str]]:
+    """Names of the non-default globals a zip checkpoint's pickle refers to; None where torch
+    cannot scan (torch < 2.5). Raises like torch for files that are not zip checkpoints."""
+    if not HAS_UNSAFE_GLOBALS_SCAN:
+        return None
+    return list(_serialization.get_unsafe_globals_in_checkpoint(file))
+
+
+# ---------------------------------------------------------------------------------- autocast
+# Every probe below is looked up once, here: the query functions are called inside model forwards
+# that torch.compile traces, and dynamo before 2.3 cannot trace getattr(module, name, default).
+if TORCH_VERSION >= (2, 4):
+
+    def is_autocast_enabled(device_type: str = 'cuda') -> bool:
+        """Is autocast on for ``device_type`` in this thread?"""
+        return torch.is_autocast_enabled(device_type)
+
+    def get_autocast_dtype(device_type: str = 'cuda') -> torch.dtype:
+        """The dtype autocast uses (or would use) on ``device_type``."""
+        return torch.get_autocast_dtype(device_type)
+
+else:
+    # torch < 2.4 spells the queries per device: is_autocast_cpu_enabled, get_autocast_gpu_dtype
+    _OLD_AUTOCAST_QUERIES = {
+        'cpu': (torch.is_autocast_cpu_enabled, torch.get_autocast_cpu_dtype),
+        'cuda': (torch.is_autocast_enabled, torch.get_autocast_gpu_dtype),
+    }
+    for _device in ('xpu', 'hpu', 'ipu', 'xla'):
+        _queries = (getattr(torch, f'is_autocast_{_device}_enabled', None),
+                    getattr(torch, f'get_autocast_{_device}_dtype', None))
+        if None not in _queries:
+            _OLD_AUTOCAST_QUERIES[_device] = _queries
+
+    def _old_autocast_queries(device_type: str):
+        if device_type not in _OLD_AUTOCAST_QUERIES:
+            raise ValueError(
+                f'torch {torch.__version__} cannot query autocast for {device_type!r}')
+        return _OLD_AUTOCAST_QUERIES[device_type]
+
+    def is_autocast_enabled(device_type: str = 'cuda') -> bool:
+        """Is autocast on for ``device_type`` in this thread? (False for a device this torch
+        cannot autocast.)"""
+        if device_type not in _OLD_AUTOCAST_QUERIES:
+            return False
+        return _OLD_AUTOCAST_QUERIES[device_type][0]()
+
+    def get_autocast_dtype(device_type: str = 'cuda') -> torch.dtype:
+        """The dtype autocast uses (or would use) on ``device_type``."""
+        return _old_autocast_queries(device_type)[1]()
+
+
+def _cpu_autocast_accepts(dtype: torch.dtype) -> bool:
+    """Probe once: can CPU autocast run in ``dtype``? (torch 2.1: bf16 only.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # old torch warns 'Disabling autocast' before raising
+        try:
+            with torch.autocast('cpu', dtype=dtype):
+                return is_autocast_enabled('cpu')
+        except RuntimeError:
+            return False
+
+
+# fp16 autocast on CPU (torch 2.1 has bf16 only; measured by entering it, not by version)
+CPU_AUTOCAST_FP16: bool = _cpu_autocast_accepts(torch.float16)
+
+
+def autocast(device_type: str, dtype: Optional[torch.dtype] = None, enabled: bool = True):
+    """``torch.autocast`` that behaves the same on every torch.
+
+    ``enabled=False`` disables autocast whatever ``dtype`` says (torch 2.1 raises for a disabled
+    CPU autocast given ``dtype=torch.float32``). fp16 on CPU where this torch cannot
+    (``CPU_AUTOCAST_FP16`` False) raises ``RuntimeError`` with the reason instead of torch 2.1's
+    warning followed by an unrelated error.
+    """
+    if not enabled:
+        return torch.autocast(device_type, enabled=False)
+    if device_type == 'cpu' and dtype == torch.float16 and not CPU_AUTOCAST_FP16:
+        raise RuntimeError(f'torch {torch.__version__} cannot autocast to float16 on CPU '
+                           '(bfloat16 only); use bf16 or a newer torch')
+    return torch.autocast(device_type, dtype=dtype)
+
+
+def _cast_floats(value, dtype: torch.dtype):
+    """``value`` with every floating-point tensor inside (tuples, lists, dicts) cast to dtype."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+def _generic_custom_fwd(device_type: str, cast_inputs: Optional[torch.dtype]):
+    """``torch.amp.custom_fwd`` for torch < 2.4 on devices without ``torch.cuda.amp``'s."""
+
+    def decorator(forward: Callable) -> Callable:
+
+        @functools.wraps(forward)
+        def wrapped(ctx, *args, **kwargs):
+            ctx._mmvitswin_autocast_dtype = get_autocast_dtype(device_type)
+            active = is_autocast_enabled(device_type)
+            if cast_inputs is None or not active:
+                # backward runs under the same autocast state as this forward
+                ctx._mmvitswin_fwd_used_autocast = active
+                return forward(ctx, *args, **kwargs)
+            ctx._mmvitswin_fwd_used_autocast = False
+            with torch.autocast(device_type=device_type, enabled=False):
+                return forward(ctx, *_cast_floats(args, cast_inputs),
+                               **_cast_floats(kwargs, cast_inputs))
+
+        return wrapped
+
+    return decorator
+
+
+def _generic_custom_bwd(device_type: str):
+
+    def decorator(backward: Callable) -> Callable:
+
+        @functools.wraps(backward)
+        def wrapped(ctx, *args, **kwargs):
+            enabled = getattr(ctx, '_mmvitswin_fwd_used_autocast', False)
+            dtype = getattr(ctx, '_mmvitswin_autocast_dtype', None)
+            with torch.autocast(device_type=device_type, enabled=enabled, dtype=dtype):
+                return backward(ctx, *args, **kwargs)
+
+        return wrapped
+
+    return decorator
+
+
+def custom_fwd(device_type: str, cast_inputs: Optional[torch.dtype] = None):
+    """Decorator factory for an ``autograd.Function.forward``, as ``torch.amp.custom_fwd``.
+
+    Without ``cast_inputs`` the forward runs under the caller's autocast state and the matching
+    :func:`custom_bwd` re-enters that state. With ``cast_inputs`` (e.g. ``torch.float32``) and
+    autocast on, floating-point inputs are cast to it and the forward runs with autocast off.
+    Use as ``@custom_fwd('cpu')`` (or ``@custom_fwd(device_type='cpu')``) under
+    ``@staticmethod``.
+    """
+    amp_fwd = getattr(torch.amp, 'custom_fwd', None)
+    if amp_fwd is not None:
+        return functools.partial(amp_fwd, device_type=device_type, cast_inputs=cast_inputs)
+    if device_type == 'cuda':
+        return torch.cuda.amp.custom_fwd(cast_inputs=cast_inputs)
+    return _generic_custom_fwd(device_type, cast_inputs)
+
+
+def custom_bwd(device_type: str):
+    """Decorator factory for the matching ``backward`` (see :func:`custom_fwd`)."""
+    amp_bwd = getattr(torch.amp, 'custom_bwd', None)
+    if amp_bwd is not None:
+        return functools.partial(amp_bwd, device_type=device_type)
+    if device_type == 'cuda':
+        return torch.cuda.amp.custom_bwd
+    return _generic_custom_bwd(device_type)
+
+
+def grad_scaler(device_type: str = 'cuda', **kwargs):
+    """A loss scaler for fp16 on ``device_type``: ``torch.amp.GradScaler`` (torch >= 2.3), else
+    ``torch.cuda.amp.GradScaler`` for CUDA; torch < 2.3 has none for other devices (it has no
+    fp16 autocast on CPU either), so that raises ``RuntimeError``."""
+    scaler = getattr(torch.amp, 'GradScaler', None)
+    if scaler is not None:
+        return scaler(device_type, **kwargs)
+    if device_type == 'cuda':
+        return torch.cuda.amp.GradScaler(**kwargs)
+    raise RuntimeError(f'torch {torch.__version__} has no GradScaler for {device_type!r} '
+                       '(fp16 loss scaling there needs torch >= 2.3)')
+
+
+# ------------------------------------------------------------------------ compile and export
+def _is_compiling_probe() -> Optional[Callable[[], bool]]:
+    probe = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)  # torch >= 2.3
+    if probe is None:
+        try:
+            from torch._dynamo import is_compiling as probe  # dynamo folds it to True
+        except ImportError:  # pragma: no cover - a torch built without dynamo
+            probe = None
+    return probe
+
+
+def _export_probes() -> Tuple[Callable[[], bool], ...]:
+    probes = [getattr(getattr(torch, 'compiler', None), 'is_exporting', None),  # torch.export
+              getattr(torch.onnx, 'is_in_onnx_export', None),  # TorchScript-based ONNX export
+              torch.jit.is_tracing]
+    return tuple(p for p in probes if p is not None)
+
+
+_IS_COMPILING = _is_compiling_probe()
+_EXPORT_PROBES = _export_probes()
+
+
+def is_compiling() -> bool:
+    """True while torch.compile (dynamo) traces the calling code."""
+    return _IS_COMPILING is not None and bool(_IS_COMPILING())
+
+
+def is_exporting() -> bool:
+    """True while the calling code is being exported or traced to a graph: torch.export (where
+    ``torch.compiler.is_exporting`` exists; older torch.export is only seen by
+    :func:`is_compiling`), ``torch.onnx.export`` or ``torch.jit.trace``."""
+    for probe in _EXPORT_PROBES:
+        if probe():
+            return True
+    return False
+
+
+__all__ = [
+    'TORCH_VERSION', 'HAS_SAFE_GLOBALS', 'HAS_SAFE_GLOBAL_ALIASES', 'HAS_UNSAFE_GLOBALS_SCAN',
+    'WEIGHTS_ONLY_DEFAULT', 'SDPA_HAS_SCALE', 'COMPILE_DYNAMIC_OK', 'HAS_TORCH_EXPORT',
+    'HAS_DYNAMO_ONNX_EXPORT', 'torch_at_least', 'add_safe_globals',
+    'unsafe_globals_in_checkpoint', 'is_autocast_enabled', 'get_autocast_dtype', 'CPU_AUTOCAST_FP16',
+    'autocast', 'custom_fwd',
+    'custom_bwd', 'grad_scaler', 'is_compiling', 'is_exporting'
+]

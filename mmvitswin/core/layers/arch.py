@@ -1,0 +1,89 @@
+"""Configuration helpers shared by every backbone: presets, output indices, stage checks.
+
+- :func:`resolve_arch`: a preset name (or alias) or a dict -> the preset dict.
+- :func:`resolve_indices`: ``out_indices`` (an int or a sequence) -> a tuple of indices into
+  stages, blocks or pyramid levels, with one error wording for all of them.
+- :func:`linear_drop_path`: the linearly increasing stochastic-depth rates of one run of
+  blocks (``drop_path_schedule`` in :mod:`.ffn` splits the same ramp per stage).
+- :func:`validate_stages`: the checks of a hierarchical (Swin-like) stage layout.
+- :func:`window_and_shift`: a block's window and cyclic shift as tuples, shift inside the window.
+"""
+from typing import Dict, Mapping, Sequence, Tuple
+
+from ..validate import check_int, check_int_sequence, check_positive_int
+from .ffn import drop_path_schedule
+
+__all__ = ['resolve_arch', 'resolve_indices', 'linear_drop_path', 'validate_stages',
+           'window_and_shift']
+
+
+def resolve_arch(arch, zoo: Mapping[str, dict], aliases: Mapping[str, str],
+                 required: Sequence[str]) -> dict:
+    """``arch`` as a preset of ``zoo`` (case-insensitive, ``aliases`` allowed) or a dict that
+    holds at least the ``required`` keys. ValueError/TypeError naming ``arch`` otherwise."""
+    if isinstance(arch, dict):
+        missing = set(required) - set(arch)
+        if missing:
+            raise ValueError(f'arch dict is missing {sorted(missing)}')
+        return arch
+    if not isinstance(arch, str):
+        raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
+    name = aliases.get(arch.lower(), arch.lower())
+    if name not in zoo:
+        raise ValueError(f'arch must be one of {sorted(zoo)} (or a dict), got {arch!r}')
+    return zoo[name]
+
+
+def resolve_indices(value, count: int, what: str = 'stage indices',
+                    allow_negative: bool = False, allow_empty: bool = False,
+                    note: str = '', name: str = 'out_indices') -> Tuple[int, ...]:
+    """An int or a list/tuple of ints, each in ``[0, count)`` (also ``[-count, 0)`` with
+    ``allow_negative``, returned modulo ``count``). ``what`` names the indexed things in the
+    error (``'stage indices'``, ``'block indices'``, ``'pyramid levels'``); ``note`` is added
+    to it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, )
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f'{name} must be an int, list or tuple, got {value!r}')
+    if not value and not allow_empty:
+        raise ValueError(f'{name} must name at least one of the {what}, got ()')
+    low = -count if allow_negative else 0
+    for i in value:
+        if isinstance(i, bool) or not isinstance(i, int) or not low <= i < count:
+            raise ValueError(f'{name} must be {what} in [{low}, {count - 1}]{note}, got '
+                             f'{tuple(value)}')
+    return tuple(i % count for i in value)
+
+
+def linear_drop_path(drop_path_rate: float, num_blocks: int) -> list:
+    """Stochastic-depth rates rising linearly from 0 to ``drop_path_rate`` over the blocks."""
+    return drop_path_schedule(drop_path_rate, [num_blocks])[0]
+
+
+def validate_stages(embed_dims, depths, num_heads, frozen_stages: int) -> Dict[str, tuple]:
+    """Checks of a hierarchical stage layout (stage ``i`` has ``embed_dims * 2**i`` channels):
+    ``depths`` and ``num_heads`` one entry per stage, every width divisible by its heads,
+    ``frozen_stages`` in ``[-1, num_stages]``. Returns the normalised ``depths``/``num_heads``.
+    """
+    check_positive_int('embed_dims', embed_dims)
+    depths = check_int_sequence('depths', depths, low=0)
+    num_heads = check_int_sequence('num_heads', num_heads, low=1)
+    if len(depths) != len(num_heads):
+        raise ValueError(f'depths ({len(depths)} stages: {tuple(depths)}) and num_heads '
+                         f'({len(num_heads)} stages: {tuple(num_heads)}) must have the same length')
+    for i, heads in enumerate(num_heads):
+        dims = embed_dims * 2**i
+        if dims % heads != 0:
+            raise ValueError(f'embed_dims of stage {i} ({dims} = embed_dims * 2**{i}) must be '
+                             f'divisible by num_heads[{i}] ({heads})')
+    check_int('frozen_stages', frozen_stages, -1, len(depths))
+    return dict(depths=depths, num_heads=num_heads)
+
+
+def window_and_shift(window: Sequence[int], shift: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
+    """``(window, shift)`` as tuples; ValueError unless ``0 <= shift < window`` per dim."""
+    pairs = tuple(zip(tuple(window), tuple(shift)))
+    if len(pairs) != len(window) or any(not 0 <= s < w for w, s in pairs):
+        raise ValueError(f'shift {tuple(shift)} must lie in [0, window) for window '
+                         f'{tuple(window)}')
+    return tuple(window), tuple(shift)

@@ -1,0 +1,184 @@
+"""The one multi-head attention module of the project.
+
+``Attention`` projects ``x: (..., N, C)`` to q/k/v, adds an optional additive bias (relative
+position bias, shift mask, or both) and runs ``F.scaled_dot_product_attention``; the plain
+matmul + softmax path gives the same numbers and is taken when the bias needs a gradient, for
+bf16 on CPU (where it is the faster of the two), or with ``use_sdpa=False``.
+``WindowAttention`` adds the learned N-D relative-position bias table used by Swin (2-D and
+3-D) and windowed ViT blocks.
+
+Mixed precision: in fp16 (autocast or an fp16 model) the logits and the softmax run in fp32 and
+the result is cast back, so large logits cannot overflow; bf16 has fp32's range and runs as is
+(in inference its softmax runs in fp32).
+Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
+on every call (small next to the attention itself), broadcast over the batch, never stored.
+"""
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..compat import get_autocast_dtype, is_autocast_enabled
+from .linear import Linear
+from .window import relative_position_index
+
+
+def _runs_in_fp16(q: torch.Tensor) -> bool:
+    """Whether attention on ``q`` would compute its logits in fp16."""
+    if q.dtype == torch.float16:
+        return True
+    device = q.device.type
+    return (q.dtype == torch.float32 and is_autocast_enabled(device)
+            and get_autocast_dtype(device) == torch.float16)
+
+
+def _sdpa_pays(q: torch.Tensor) -> bool:
+    """Whether ``F.scaled_dot_product_attention`` beats the explicit form for ``q``: not for
+    bf16 on CPU, where its fused kernel is about 1.4x slower than matmul + softmax on
+    window-sized sequences (2-core AVX-512/AMX, torch 2.13; fp32 is the other way round)."""
+    return not (q.dtype == torch.bfloat16 and q.device.type == 'cpu')
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention over the second-to-last dim.
+
+    Args:
+        dim: channels C.
+        num_heads: heads; ``dim`` must be divisible by it.
+        qkv_bias: add a learnable bias to q, k, v.
+        qk_scale: override of the default ``head_dim ** -0.5`` scale.
+        attn_drop: dropout on attention weights (training only).
+        proj_drop: dropout after the output projection.
+        use_sdpa: use ``F.scaled_dot_product_attention`` (default) or the explicit form.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None, attn_drop: float = 0.,
+                 proj_drop: float = 0., use_sdpa: bool = True):
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f'embed_dims ({dim}) must be divisible by num_heads ({num_heads})')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = qk_scale or self.head_dim**-0.5
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.use_sdpa = use_sdpa
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """q, k, v: (..., heads, N, head_dim); bias broadcastable to (..., heads, N, N).
+
+        SDPA unless ``use_sdpa`` is off or the bias needs a gradient: SDPA's fused CPU kernel has
+        no gradient for the mask and would fall back to its slower math path, so the explicit
+        form is used then; both give the same numbers. fp16 runs in fp32 (module docstring).
+        """
+        if _runs_in_fp16(q):
+            dtype = q.dtype if q.dtype == torch.float16 else torch.float16
+            with torch.autocast(q.device.type, enabled=False):
+                out = self._attend(q.float(), k.float(), v.float(),
+                                   None if bias is None else bias.float())
+            return out.to(dtype)
+        return self._attend(q, k, v, bias)
+
+    def _attend(self, q, k, v, bias):
+        drop = self.attn_drop if self.training else 0.
+        if self.use_sdpa and _sdpa_pays(q) and not (bias is not None and bias.requires_grad):
+            if bias is not None and bias.dtype != q.dtype:
+                bias = bias.to(q.dtype)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
+        # scaling the product in place saves keeping a scaled copy of q for backward
+        attn = (q @ k.transpose(-2, -1)).mul_(self.scale)
+        # Half-precision logits: in inference the softmax runs in fp32 (faster on CPU, and
+        # exact); with autograd it stays in the logits' dtype so that the probabilities kept
+        # for backward take half the memory.
+        keep_dtype = attn.requires_grad or (bias is not None and bias.requires_grad)
+        if bias is not None:
+            attn = attn + (bias.to(attn.dtype) if keep_dtype else bias)
+        half = attn.dtype in (torch.float16, torch.bfloat16)
+        attn = attn.softmax(dim=-1, dtype=torch.float32 if half and not keep_dtype else None)
+        if drop:
+            attn = F.dropout(attn, drop, training=True)
+        return attn.to(v.dtype) @ v
+
+    def qkv_heads(self, x: torch.Tensor):
+        """x: (B, N, C) -> q, k, v: (B, heads, N, head_dim), strided views of one projection."""
+        b, n, _ = x.shape
+        qkv = self.qkv(x)
+        return qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def out_proj(self, out: torch.Tensor) -> torch.Tensor:
+        """out: (B, heads, N, head_dim) -> (B, N, C) through the output projection."""
+        b, _, n, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)
+        return self.proj_drop(self.proj(out))
+
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (B, N, C) -> (B, N, C). ``bias``: additive, broadcastable to (B, heads, N, N)."""
+        return self.out_proj(self.attend(*self.qkv_heads(x), bias))
+
+
+class WindowAttention(Attention):
+    """Attention inside windows of size ``window`` (N-D) with a relative position bias.
+
+    The bias table has ``prod(2 * w - 1)`` rows and one column per head. Its gather index is a
+    derived buffer: it is saved (mmdet/mmaction2 checkpoints carry it, and strict loading needs
+    the key) but always rebuilt from ``window`` rather than trusted from a checkpoint.
+
+    ``forward(x, mask)`` takes ``x: (B * nW, N, C)`` and an optional shift mask ``(nW, N, N)``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window: Sequence[int], **kwargs):
+        super().__init__(dim, num_heads, **kwargs)
+        self.window = tuple(window)
+        table_rows = 1
+        for w in self.window:
+            table_rows *= 2 * w - 1
+        self.relative_position_bias_table = nn.Parameter(torch.zeros(table_rows, num_heads))
+        self.register_buffer('relative_position_index', relative_position_index(self.window))
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + 'relative_position_index'
+        if key in state_dict:
+            state_dict[key] = self.relative_position_index.clone()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def relative_bias(self, n: int) -> torch.Tensor:
+        """The gathered bias ``(heads, n, n)`` in the table's dtype.
+
+        ``n`` smaller than the full window (a window clamped to a small input) uses the leading
+        ``n x n`` block of the index, as mmaction2's video Swin does.
+        """
+        index = self.relative_position_index[:n, :n].reshape(-1)
+        bias = self.relative_position_bias_table.index_select(0, index).view(n, n, -1)
+        return bias.permute(2, 0, 1)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (B * nW, N, C) windows; mask: (nW, N, N) shift mask or None -> (B * nW, N, C)."""
+        bw, n, c = x.shape
+        bias = self.relative_bias(n)
+        if mask is None:
+            # q, k, v stay strided views of the projection output; a 4-D bias keeps SDPA on
+            # its fused kernel (a 3-D one would send it to the math path).
+            q, k, v = self.qkv_heads(x)
+            return self.out_proj(self.attend(q, k, v, bias.unsqueeze(0)))
+        nw = mask.shape[0]
+        b = bw // nw
+        # One bias per window and head, (nW, heads, N, N), broadcast over the images.
+        window_bias = bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)
+        qkv = self.qkv(x).view(b, nw, n, 3, self.num_heads, self.head_dim)
+        if self.use_sdpa and _sdpa_pays(qkv) and not window_bias.requires_grad:
+            # The fused kernel wants 4-D inputs: windows and heads share one dim, so the
+            # (1, nW * heads, N, N) bias broadcasts over the batch without being copied.
+            q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).reshape(3, b, nw * self.num_heads, n,
+                                                           self.head_dim).unbind(0)
+            out = self.attend(q, k, v, window_bias.reshape(1, nw * self.num_heads, n, n))
+        else:
+            q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # (B, nW, heads, N, d) views
+            out = self.attend(q, k, v, window_bias)
+        return self.out_proj(out.reshape(bw, self.num_heads, n, self.head_dim))

@@ -1,0 +1,93 @@
+"""(Shifted-)window multi-head self-attention on channels-last N-D inputs.
+
+Shared by the 2-D Swin (windows of ``(Wh, Ww)``) and the video Swin (``(Wt, Wh, Ww)``).
+"""
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..compat import get_autocast_dtype, is_autocast_enabled
+from .attention import WindowAttention
+from .switch import is_tracing
+from .window import ceil_div, effective_window, shift_window_mask, window_gather_index
+
+
+def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int, ...]):
+    """``x: (B, *spatial, C)`` -> ``(windows (B * nW, N, C), scatter, padded)``.
+
+    Pads each spatial dim at its end to a multiple of the window (with zeros), rolls by
+    ``-shift`` and splits into windows, as one gather (``window_gather_index``); ``scatter``
+    and :func:`merge_windows` undo it. ``padded`` is the padded spatial size.
+    """
+    spatial = tuple(x.shape[1:-1])
+    b, c = x.shape[0], x.shape[-1]
+    n = 1
+    for w in window:
+        n *= w
+    gather, valid, scatter = window_gather_index(spatial, window, shift, x.device)
+    windows = x.reshape(b, -1, c).index_select(1, gather)
+    padded = tuple(ceil_div(s, w) * w for s, w in zip(spatial, window))
+    if is_tracing() or padded != spatial:
+        # in place: index_select's output is new, and its backward does not read it
+        windows = windows.masked_fill_(~valid[:, None], 0.)
+    return windows.view(-1, n, c), scatter, padded
+
+
+def merge_windows(windows: torch.Tensor, scatter: torch.Tensor, shape) -> torch.Tensor:
+    """Inverse of :func:`partition_windows`: ``(B * nW, N, C)`` back to ``shape`` ``(B, *spatial,
+    C)`` (roll back, crop the padding)."""
+    return windows.view(shape[0], -1, shape[-1]).index_select(1, scatter).view(shape)
+
+
+def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tuple[int, ...],
+                             shift: Tuple[int, ...], clamp_to_input: bool = False) -> torch.Tensor:
+    """(S)W-MSA of ``x: (B, *spatial, C)`` with the window attention module ``attn``.
+
+    Semantics: pad each spatial dim to a multiple of the window (end of the dim), roll by
+    ``-shift``, attend inside windows with the relative position bias and the shift mask,
+    roll back, crop the padding. The pad comes **before** the shift, as in mmdet/mmseg/mmaction2.
+    The pad/roll/partition chain runs as one gather each way (:func:`partition_windows`); the
+    indices and the mask are recomputed from the sizes on every call (a few small integer
+    ops), so nothing is cached and every size traces the same way.
+
+    ``clamp_to_input``: shrink the window (and drop the shift) along dims where the input is not
+    larger than the window, as the video Swin does; the 2-D Swin keeps mmdet's full windows.
+    A free function so that backbones whose checkpoints name the attention differently
+    (mmdet ``attn.w_msa``, mmaction2 ``attn``) share it.
+    """
+    if clamp_to_input:
+        window, shift = effective_window(tuple(x.shape[1:-1]), window, shift)
+    device = x.device.type
+    if x.dtype == torch.float32 and is_autocast_enabled(device):
+        # the projection casts its input to autocast's dtype anyway: cast before the window
+        # gather, which then moves half the bytes (same values either way)
+        x = x.to(get_autocast_dtype(device))
+    windows, scatter, padded = partition_windows(x, window, shift)
+    mask = shift_window_mask(padded, window, shift, x.device) if any(shift) else None
+    return merge_windows(attn(windows, mask), scatter, x.shape)
+
+
+class ShiftWindowMSA(nn.Module):
+    """W-MSA (``shift`` all zero) or SW-MSA over ``x: (B, *spatial, C)``; see
+    :func:`shifted_window_attention`. The attention module is ``w_msa`` so checkpoint keys match
+    mmdet/mmseg.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, window: Sequence[int],
+                 shift: Sequence[int], qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 attn_drop: float = 0., proj_drop: float = 0., clamp_to_input: bool = False,
+                 use_sdpa: bool = True):
+        super().__init__()
+        self.window = tuple(window)
+        self.shift = tuple(shift)
+        if any(not 0 <= s < w for s, w in zip(self.shift, self.window)):
+            raise ValueError(f'shift {self.shift} must lie in [0, window) for window {self.window}')
+        self.clamp_to_input = clamp_to_input
+        self.w_msa = WindowAttention(embed_dims, num_heads, self.window, qkv_bias=qkv_bias,
+                                     qk_scale=qk_scale, attn_drop=attn_drop,
+                                     proj_drop=proj_drop, use_sdpa=use_sdpa)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return shifted_window_attention(x, self.w_msa, self.window, self.shift,
+                                        self.clamp_to_input)
