@@ -26,3 +26,11 @@ __all__ = [
     'build_batch_norm', 'build_layer_norm', 'group_norm', 'MaxPool2dSame', 'StdConv2d',
     'pad_same', 'same_padding', 'standardize_weight'
 ]
+
+# DINOv3's 2-D RoPE and SAM's neck (helper H6)
+from .rope import (RotaryPositionEmbedding2d, apply_rope, patch_center_coords,  # noqa: E402
+                   rope_cos_sin, rope_periods, rotate_half)
+from .neck import SamNeck  # noqa: E402
+
+__all__ += ['RotaryPositionEmbedding2d', 'apply_rope', 'patch_center_coords', 'rope_cos_sin',
+            'rope_periods', 'rotate_half', 'SamNeck']
