@@ -1,5 +1,5 @@
 # mmvitswin: one-command environment, demo, tests and benchmark.
-#   make install   .venv from nothing: torch ($(TORCH_SPEC)), mmcv $(MMCV_VERSION) compiled with ops, mmvitswin[tests]
+#   make install   .venv from nothing: torch ($(TORCH_SPEC)), mmcv $(MMCV_VERSION) compiled with ops, mmvitswin[openmmlab,tests,deploy]
 #   make demo      train + evaluate Mask R-CNN Swin on the generated "shapes" data
 #   make test      the whole pytest suite (what CI runs)
 #   make test-fast the edit loop, under a minute on 2 cores: pytest -m "not slow" (no
@@ -70,7 +70,7 @@ $(STAMP)/mmcv: $(STAMP)/torch
 	@touch $@
 
 $(STAMP)/package: $(STAMP)/mmcv setup.cfg pyproject.toml setup.py
-	$(BIN)/pip install -e ".[tests,deploy]"
+	$(BIN)/pip install -e ".[openmmlab,tests,deploy]"
 	# mmaction2's wheel pins deps we do not need; the Video Swin parity test only reads one file of it.
 	$(BIN)/pip install --no-deps "mmaction2==1.2.0"
 	@touch $@

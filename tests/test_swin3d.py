@@ -312,18 +312,21 @@ def test_backward_frozen_stages_and_checkpointing():
 def test_registered_for_mmvitswin_and_mmaction2():
     from mmengine.registry import DefaultScope
     import mmaction.registry
+    from mmvitswin.openmmlab.models import SwinTransformer3D as Registered
     from mmvitswin.openmmlab.registry import MODELS
-    assert mmaction.registry.MODELS.module_dict['SwinTransformer3D'] is SwinTransformer3D
+    assert issubclass(Registered, SwinTransformer3D)
+    assert mmaction.registry.MODELS.module_dict['SwinTransformer3D'] is Registered
     with DefaultScope.overwrite_default_scope('mmdet'):
         from mmdet.registry import MODELS as DET
         m = DET.build(dict(type='mmvitswin.SwinTransformer3D', arch=SMALL))
-    assert type(m) is SwinTransformer3D
-    assert MODELS.get('SwinTransformer3D') is SwinTransformer3D
+    assert type(m) is Registered
+    assert MODELS.get('SwinTransformer3D') is Registered
 
 
 def test_mmaction2_failures_never_break_the_bridge(monkeypatch):
     import mmaction.registry
     from mmvitswin.openmmlab import registry
+    from mmvitswin.openmmlab.models import SwinTransformer3D as Registered
 
     class NoMMAction:
         @staticmethod
@@ -344,7 +347,7 @@ def test_mmaction2_failures_never_break_the_bridge(monkeypatch):
     monkeypatch.setattr(mmaction.registry.MODELS, '_imported', False)
     monkeypatch.setitem(mmaction.registry.MODELS.module_dict, 'SwinTransformer3D', object)
     assert registry.bridge_to_mmaction() is True
-    assert mmaction.registry.MODELS.module_dict['SwinTransformer3D'] is SwinTransformer3D
+    assert mmaction.registry.MODELS.module_dict['SwinTransformer3D'] is Registered
     assert mmaction.registry.MODELS._imported is False  # its own import error stays visible
 
 

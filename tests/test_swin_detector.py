@@ -27,7 +27,7 @@ def test_mask_rcnn_predictions_identical():
     from mmdet.structures import DetDataSample
     from mmengine.registry import DefaultScope
     from mmengine.structures import InstanceData
-    from mmvitswin.core.backbones.swin import SwinTransformer
+    from mmvitswin.openmmlab.models import SwinTransformer
 
     with DefaultScope.overwrite_default_scope('mmdet'):
         ref_cfg = _mask_rcnn_cfg('SwinTransformer')
