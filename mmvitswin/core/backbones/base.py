@@ -42,8 +42,10 @@ class TransformerBackbone(nn.Module):
     """Base of our backbones (a plain ``nn.Module``).
 
     - ``init_weights()``: ``init_cfg=dict(type='Pretrained', checkpoint=...)`` goes through
-      :func:`mmvitswin.core.checkpoint.load_pretrained` (format auto-detection by the
-      subclass's ``checkpoint_family()``, run by ``convert_checkpoint``); no ``init_cfg``
+      :func:`mmvitswin.core.checkpoint.load_pretrained` (any file, sharded index or
+      HuggingFace snapshot directory; format auto-detection by the subclass's
+      ``checkpoint_family()``, run by ``convert_checkpoint``, with the snapshot's
+      ``config.json`` when it has one); no ``init_cfg``
       re-runs the subclass's ``_init_random``. Other ``init_cfg`` types are MMEngine's
       initialisers: the registered classes of :mod:`mmvitswin.openmmlab` run them.
     - ``train(mode)`` returns ``self`` and keeps what ``frozen_modules()`` /
@@ -76,13 +78,14 @@ class TransformerBackbone(nn.Module):
         backbone's checkpoints (None: ``Pretrained`` loads keys as they are)."""
         return None
 
-    def convert_checkpoint(self, state_dict):
+    def convert_checkpoint(self, state_dict, config: Optional[dict] = None):
         """Any state dict of this backbone's family -> its keys and sizes (used by init_cfg,
-        tools/convert_checkpoint.py): the family run by the one engine."""
+        tools/convert_checkpoint.py): the family run by the one engine. ``config``: the
+        checkpoint's parsed HuggingFace ``config.json`` (checked against this model), if any."""
         family = self.checkpoint_family()
         if family is None:
             return state_dict
-        return fit_checkpoint(family, state_dict, self)
+        return fit_checkpoint(family, state_dict, self, config=config)
 
     def init_weights(self) -> None:
         cfg = self.init_cfg

@@ -1,27 +1,50 @@
 """Reading checkpoint files: local paths and http(s) URLs, weights-only.
 
 The one file-fetching path of mmvitswin (the OpenMMLab layer's runner-checkpoint loading goes
-through it too). Needs torch only. :func:`load_checkpoint_file` classifies a file before
-unpickling anything (missing, empty, truncated, foreign: one :class:`CheckpointError` naming
-the file and the cause) and loads it with torch's weights-only unpickler plus an allow-list of
-numpy types (:func:`safe_torch_load`); a file that needs anything else is refused with
+through it too). Needs torch (and the ``safetensors`` package for ``.safetensors`` files).
+
+:func:`read_checkpoint` accepts
+
+- a ``torch.save`` file (``.pth``/``.pt``, zip or legacy pickle; ``pytorch_model.bin``),
+- a ``.safetensors`` file (read by the ``safetensors`` library: no pickle at all),
+- a sharded checkpoint's index (``model.safetensors.index.json``,
+  ``pytorch_model.bin.index.json``): every shard of its ``weight_map`` is read and merged,
+- a HuggingFace snapshot directory (``config.json`` + ``model.safetensors`` / sharded /
+  ``pytorch_model.bin``), including a hub cache entry (``.../models--org--name`` itself, whose
+  ``refs/main`` names the snapshot, or ``.../snapshots/<revision>``): nothing is downloaded,
+  so this works under ``HF_HUB_OFFLINE=1``,
+
+and returns the dict the file held plus the parsed ``config.json`` found with HF-style
+weights (:class:`Checkpoint`). Torch files are classified before unpickling anything
+(missing, empty, truncated, foreign: one :class:`CheckpointError` naming the file and the
+cause) and loaded with torch's weights-only unpickler plus an allow-list of numpy types
+(:func:`safe_torch_load`); a file that needs anything else is refused with
 :class:`UntrustedCheckpointError` unless ``MMVITSWIN_TRUST_CHECKPOINTS=1`` is set.
+Safetensors headers are checked against the file size before the library reads them.
 
 On torch < 2.6 (see :mod:`mmvitswin.core.compat`) the allow-list cannot be expressed and
 ``torch.load`` does not default to weights-only: files load with full pickle there, as
 MMEngine itself loads them on that torch. Load only files you trust on such a torch.
 """
+import json
 import os
 import os.path as osp
 import pickle
 import pickletools
+import struct
 import zipfile
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from collections import OrderedDict
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from .. import compat
+
+try:  # optional: only .safetensors files need it
+    import safetensors.torch as safetensors_torch
+except ImportError:  # pragma: no cover - exercised only without the package
+    safetensors_torch = None
 
 _URL_PREFIXES = ('http://', 'https://')
 LOCAL_COPY_HINT = ('--cfg-options model.backbone.init_cfg.checkpoint=/path/to/local/copy.pth')
@@ -39,6 +62,7 @@ class CheckpointError(ValueError):
     def __init__(self, source: str, cause: str, detail: str):
         self.source = str(source)
         self.cause = cause
+        self.detail = detail
         super().__init__(f'checkpoint {source} is unusable ({cause}): {detail}')
 
 
@@ -263,15 +287,249 @@ def check_checkpoint_file(path: str, source: Optional[str] = None) -> str:
                           f'legacy torch.save pickle: {what}')
 
 
-def load_checkpoint_file(checkpoint: str, map_location='cpu') -> dict:
-    """Load a checkpoint from a local path or an http(s) URL through the safe weights-only
-    loader.
+# ------------------------------------------------------------------ safetensors and shards
+SNAPSHOT_WEIGHTS = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin',
+                    'pytorch_model.bin.index.json')
+_WEIGHT_SUFFIXES = ('.safetensors', '.bin', '.pth', '.pt')
+_SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024  # the library's own limit on the JSON header
 
-    Every failure is one error naming the file and the cause: :class:`CheckpointError`
-    ('missing' as :class:`CheckpointNotFoundError`, 'damaged', 'not a checkpoint',
-    'unreachable') or :class:`UntrustedCheckpointError`
-    (pickled objects outside the allow-list; nothing of them is executed).
+
+class Checkpoint(NamedTuple):
+    """What :func:`read_checkpoint` read.
+
+    - ``obj``: the dict the file held (a state dict, or a container such as a runner
+      checkpoint; see :func:`~.loading.unwrap_state_dict`).
+    - ``config``: the parsed ``config.json`` of a HuggingFace snapshot (in the directory, or
+      beside a ``.safetensors`` / ``.bin`` / index file), else None.
+    - ``source``: the path or URL as given (what errors name).
+    - ``kind``: ``'torch'`` (``.pth``/``.pt`` & co), ``'bin'`` (a ``*.bin`` torch file),
+      ``'safetensors'``, ``'sharded'`` (an index and its shards) or ``'hf-snapshot'`` (a
+      directory).
     """
+    obj: dict
+    config: Optional[dict]
+    source: str
+    kind: str
+
+
+def _looks_like_safetensors(head: bytes, size: int) -> bool:
+    """A safetensors file: an 8-byte little-endian header length, then the JSON header."""
+    if len(head) < 9 or head[8:9] != b'{':
+        return False
+    n = struct.unpack('<Q', head[:8])[0]
+    return 1 < n <= _SAFETENSORS_MAX_HEADER
+
+
+def check_safetensors_file(path: str, source: Optional[str] = None) -> Dict[str, dict]:
+    """Validate a ``.safetensors`` file's header against its size (nothing else is read);
+    return the header's tensor entries. :class:`CheckpointError` ('damaged', 'not a
+    checkpoint', 'missing') naming the file otherwise: the library's own errors on a truncated
+    file do not say which file or why."""
+    source = source or path
+    if not osp.exists(path):
+        raise CheckpointNotFoundError(source, f'no such file ({osp.abspath(path)})')
+    size = osp.getsize(path)
+    if size == 0:
+        raise CheckpointError(source, 'damaged', 'the file is empty (0 bytes): an interrupted '
+                              'save or download?')
+    with open(path, 'rb') as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(source, 'damaged', f'a {size}-byte file cannot hold a '
+                                  'safetensors header: truncated?')
+        n = struct.unpack('<Q', head)[0]
+        if n > _SAFETENSORS_MAX_HEADER:
+            raise CheckpointError(source, 'not a checkpoint', f'not in the safetensors format '
+                                  f'(starts with bytes {head!r})')
+        if 8 + n > size:
+            raise CheckpointError(source, 'damaged', f'its safetensors header claims {n} bytes '
+                                  f'but the file has {size}: truncated by an interrupted save '
+                                  f'or download?')
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode('utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(source, 'damaged', f'its safetensors header is not valid JSON '
+                              f'({exc})') from None
+    if not isinstance(header, dict):
+        raise CheckpointError(source, 'damaged', 'its safetensors header is not a JSON object')
+    tensors = {k: v for k, v in header.items() if k != '__metadata__'}
+    data = size - 8 - n
+    try:
+        end = max((int(v['data_offsets'][1]) for v in tensors.values()), default=0)
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise CheckpointError(source, 'damaged', 'its safetensors header has entries '
+                              'without data_offsets') from None
+    if end > data:
+        raise CheckpointError(source, 'damaged', f'its tensors need {end} bytes of data but the '
+                              f'file holds {data} after the header: truncated by an interrupted '
+                              f'save or download?')
+    return tensors
+
+
+def _device_of(map_location) -> str:
+    """safetensors' ``device`` for a ``torch.load``-style ``map_location`` (str or device;
+    anything else, e.g. a dict or callable, loads on the CPU)."""
+    if isinstance(map_location, torch.device):
+        return str(map_location)
+    return map_location if isinstance(map_location, str) else 'cpu'
+
+
+def load_safetensors_file(path: str, map_location='cpu', source: Optional[str] = None) -> dict:
+    """The tensors of a ``.safetensors`` file, checked first (:func:`check_safetensors_file`)."""
+    source = source or path
+    check_safetensors_file(path, source)
+    if safetensors_torch is None:
+        raise ImportError(f'reading {source} needs the safetensors package: '
+                          f'pip install safetensors')
+    try:
+        return OrderedDict(safetensors_torch.load_file(path, device=_device_of(map_location)))
+    except Exception as exc:  # SafetensorError (bad dtype, overlapping offsets), OSError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(source, 'damaged', f'the safetensors library refused it: '
+                              f'{first}') from None
+
+
+def _load_torch_file(path: str, map_location, source: str) -> dict:
+    check_checkpoint_file(path, source=source)
+    try:
+        obj = safe_torch_load(path, map_location=map_location, source=source)
+    except UntrustedCheckpointError:
+        raise
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError,
+            ValueError, KeyError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(source, 'damaged', f'torch.load failed: {first}') from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(source, 'not a checkpoint', f'it holds a '
+                              f'{type(obj).__name__}, not a dict of tensors')
+    return obj
+
+
+def _read_json(path: str, source: str, what: str) -> dict:
+    try:
+        with open(path, 'rb') as f:
+            value = json.loads(f.read().decode('utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(source, 'damaged', f'{what} {path} is not valid JSON ({exc})') \
+            from None
+    except OSError as exc:
+        raise CheckpointError(source, 'damaged', f'{what} {path} cannot be read ({exc})') \
+            from None
+    if not isinstance(value, dict):
+        raise CheckpointError(source, 'damaged', f'{what} {path} is not a JSON object')
+    return value
+
+
+def _config_beside(path: str, source: str) -> Optional[dict]:
+    """The ``config.json`` in the directory of a HuggingFace-style weights file, if any."""
+    config = osp.join(osp.dirname(osp.abspath(path)), 'config.json')
+    return _read_json(config, source, 'its config') if osp.isfile(config) else None
+
+
+def load_sharded_checkpoint(index: str, map_location='cpu', source: Optional[str] = None) -> dict:
+    """Read every shard named by a ``*.index.json`` (``{"weight_map": {key: shard file}}``,
+    shards beside the index) and merge them. A missing shard is a
+    :class:`CheckpointNotFoundError`, a damaged one or a key the index promises but its shard
+    lacks a :class:`CheckpointError`; all name the index and the shard."""
+    source = source or index
+    meta = _read_json(index, source, 'the index')
+    weight_map = meta.get('weight_map')
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(source, 'not a checkpoint', 'a JSON file without the '
+                              '"weight_map" of a sharded checkpoint index')
+    root = osp.dirname(osp.abspath(index))
+    shards = list(OrderedDict.fromkeys(weight_map.values()))
+    for shard in shards:  # all present before reading any: one error for an incomplete copy
+        if not isinstance(shard, str) or not osp.isfile(osp.join(root, shard)):
+            listed = sum(1 for v in weight_map.values() if v == shard)
+            raise CheckpointNotFoundError(source, f'shard {shard} ({listed} tensors of its '
+                                          f'weight_map) does not exist in {root}')
+    merged: Dict[str, torch.Tensor] = OrderedDict()
+    for shard in shards:
+        path = osp.join(root, shard)
+        try:
+            part = _load_weights_file(path, map_location, path)[0]
+        except CheckpointNotFoundError as exc:  # a dangling hub-cache link
+            raise CheckpointNotFoundError(source, f'shard {shard}: {exc.detail}') from None
+        except CheckpointError as exc:
+            raise CheckpointError(source, exc.cause, f'shard {shard}: {exc.detail}') from None
+        merged.update(part)
+    lacking = [k for k, v in weight_map.items() if k not in merged]
+    if lacking:
+        raise CheckpointError(source, 'damaged', f'its weight_map lists {len(lacking)} tensors '
+                              f'that their shards lack, e.g. {lacking[0]} (in '
+                              f'{weight_map[lacking[0]]})')
+    return merged
+
+
+def _load_weights_file(path: str, map_location, source: str) -> Tuple[dict, str]:
+    """One local weights file of any supported kind -> (dict, kind); classified by content
+    (a zip / pickle is torch's whatever its name), then by name."""
+    if not osp.exists(path):
+        raise CheckpointNotFoundError(source, f'no such file ({osp.abspath(path)})')
+    name = osp.basename(path)
+    if name.endswith('.json') and osp.isfile(path):
+        return load_sharded_checkpoint(path, map_location, source), 'sharded'
+    head = b''
+    if osp.isfile(path):
+        with open(path, 'rb') as f:
+            head = f.read(16)
+    is_torch = head.startswith(b'PK\x03\x04') or head[:1] == b'\x80'
+    if not is_torch and (name.endswith('.safetensors') or
+                         _looks_like_safetensors(head, osp.getsize(path))):
+        return load_safetensors_file(path, map_location, source), 'safetensors'
+    obj = _load_torch_file(path, map_location, source)
+    return obj, ('bin' if name.endswith('.bin') else 'torch')
+
+
+def resolve_hub_cache_dir(path: str, source: Optional[str] = None) -> str:
+    """A HuggingFace hub cache entry (``models--org--name``, holding ``refs/`` and
+    ``snapshots/``) -> its snapshot directory: the revision ``refs/main`` names, else the only
+    snapshot. Other paths are returned unchanged. Never touches the network."""
+    source = source or path
+    snapshots = osp.join(path, 'snapshots')
+    if not osp.isdir(snapshots):
+        return path
+    ref = osp.join(path, 'refs', 'main')
+    if osp.isfile(ref):
+        with open(ref, 'r', encoding='utf-8') as f:
+            revision = f.read().strip()
+        snap = osp.join(snapshots, revision)
+        if not osp.isdir(snap):
+            raise CheckpointNotFoundError(source, f'its refs/main names revision {revision!r}, '
+                                          f'which is not in {snapshots} (an incomplete '
+                                          f'download?)')
+        return snap
+    revisions = sorted(d for d in os.listdir(snapshots) if osp.isdir(osp.join(snapshots, d)))
+    if len(revisions) == 1:
+        return osp.join(snapshots, revisions[0])
+    what = 'no snapshot' if not revisions else f'{len(revisions)} snapshots ({revisions[:3]})'
+    raise CheckpointError(source, 'not a checkpoint' if not revisions else 'missing',
+                          f'a hub cache entry with {what} and no refs/main: point at '
+                          f'{snapshots}/<revision> instead')
+
+
+def snapshot_weights(directory: str, source: Optional[str] = None) -> str:
+    """The weights file of a snapshot directory: the first of :data:`SNAPSHOT_WEIGHTS` there,
+    else its only ``.safetensors`` / ``.bin`` / ``.pth`` / ``.pt`` file."""
+    source = source or directory
+    for name in SNAPSHOT_WEIGHTS:
+        if osp.lexists(osp.join(directory, name)):
+            return osp.join(directory, name)
+    candidates = sorted(n for n in os.listdir(directory)
+                        if n.endswith(_WEIGHT_SUFFIXES + ('.index.json', )))
+    if len(candidates) == 1:
+        return osp.join(directory, candidates[0])
+    if candidates:
+        raise CheckpointError(source, 'not a checkpoint', f'a directory with several weight '
+                              f'files ({", ".join(candidates[:5])}): name the one to load')
+    raise CheckpointError(source, 'not a checkpoint', 'a directory without model weights '
+                          f'(expected one of {", ".join(SNAPSHOT_WEIGHTS)}, as in a '
+                          'HuggingFace snapshot)')
+
+
+def _checkpoint_path(checkpoint) -> str:
     if isinstance(checkpoint, os.PathLike):
         checkpoint = os.fspath(checkpoint)
     if not isinstance(checkpoint, str):
@@ -281,18 +539,41 @@ def load_checkpoint_file(checkpoint: str, map_location='cpu') -> dict:
                               'are read here; other schemes (open-mmlab://, s3://, ...) are '
                               "MMEngine's: build the backbone from a config (mmvitswin's "
                               'registered classes read them through MMEngine)')
-    path = fetch_checkpoint(checkpoint) if checkpoint.startswith(_URL_PREFIXES) else \
-        osp.expanduser(checkpoint)
-    check_checkpoint_file(path, source=checkpoint)
-    try:
-        obj = safe_torch_load(path, map_location=map_location, source=checkpoint)
-    except UntrustedCheckpointError:
-        raise
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError,
-            ValueError, KeyError, IndexError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(checkpoint, 'damaged', f'torch.load failed: {first}') from None
-    if not isinstance(obj, dict):
-        raise CheckpointError(checkpoint, 'not a checkpoint', f'it holds a '
-                              f'{type(obj).__name__}, not a dict of tensors')
-    return obj
+    return checkpoint
+
+
+def read_checkpoint(checkpoint: str, map_location='cpu') -> Checkpoint:
+    """Read a checkpoint from a local path (file or HuggingFace snapshot / hub cache
+    directory, see the module docstring) or an http(s) URL; nothing is unpickled beyond the
+    weights-only allow-list.
+
+    Every failure is one error naming the path and the cause: :class:`CheckpointError`
+    ('missing' as :class:`CheckpointNotFoundError`, 'damaged', 'not a checkpoint',
+    'unreachable') or :class:`UntrustedCheckpointError` (pickled objects outside the
+    allow-list; nothing of them is executed).
+    """
+    checkpoint = _checkpoint_path(checkpoint)
+    if checkpoint.startswith(_URL_PREFIXES):
+        path = fetch_checkpoint(checkpoint)
+        obj, kind = _load_weights_file(path, map_location, checkpoint)
+        return Checkpoint(obj, None, checkpoint, kind)
+    path = osp.expanduser(checkpoint)
+    if osp.isdir(path):
+        snapshot = resolve_hub_cache_dir(path, checkpoint)
+        weights = snapshot_weights(snapshot, checkpoint)
+        config = osp.join(snapshot, 'config.json')
+        config = _read_json(config, checkpoint, 'its config') if osp.isfile(config) else None
+        # errors name the weights file (inside the directory given, so that too)
+        source = weights if osp.abspath(weights).startswith(osp.abspath(path)) else \
+            f'{checkpoint} ({weights})'
+        obj = _load_weights_file(weights, map_location, source)[0]
+        return Checkpoint(obj, config, checkpoint, 'hf-snapshot')
+    obj, kind = _load_weights_file(path, map_location, checkpoint)
+    config = _config_beside(path, checkpoint) if kind != 'torch' else None
+    return Checkpoint(obj, config, checkpoint, kind)
+
+
+def load_checkpoint_file(checkpoint: str, map_location='cpu') -> dict:
+    """The dict a checkpoint holds (:func:`read_checkpoint` without the config): any
+    supported file or snapshot directory, local path or http(s) URL, weights-only."""
+    return read_checkpoint(checkpoint, map_location=map_location).obj

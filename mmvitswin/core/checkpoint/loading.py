@@ -3,7 +3,8 @@
 Each checkpoint family is described as data beside this file (``swin.py``, ``swin3d.py``,
 ``vit.py``, ``hybrid_vit.py``: a :class:`CheckpointFamily` each). This module is the one engine
 that runs them (:func:`fit_checkpoint`: detect, convert, drop derived keys, probe the
-architecture, resize, fit) and does the generic part: find the state dict inside whatever
+architecture from the keys and the file's ``config.json``, refuse keys of features the model
+lacks, resize, fit) and does the generic part: find the state dict inside whatever
 container was saved, hand it to the backbone's ``convert_checkpoint``, refuse shape mismatches
 and report every key that still does not match in **one** warning.
 """
@@ -15,7 +16,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .files import CheckpointError, load_checkpoint_file
+from .files import Checkpoint, CheckpointError, read_checkpoint
 
 StateDict = Dict[str, torch.Tensor]
 _CONTAINER_KEYS = ('state_dict', 'model', 'module', 'model_state', 'state_dict_ema')
@@ -71,11 +72,18 @@ class CheckpointFamily(NamedTuple):
 
     - ``name``: how errors name the family ('Swin', 'ViT', ...).
     - ``convert(sd) -> (sd, format)``: detect the layout (ValueError when it is none of the
-      family's) and rename keys / transform tensors to ours.
+      family's) and rename keys / transform tensors to ours. With ``convert_needs_config=True``
+      it is called as ``convert(sd, config)`` instead, ``config`` being the checkpoint's parsed
+      ``config.json`` (a dict) or None when the file came without one.
     - ``transform(sd, format, model) -> sd``: the conversions that need the model's config
       (video inflation of image weights); None: none.
     - ``probe(sd) -> {field: value}``: the architecture the converted keys reveal (None:
       unknown); ``model_probe(model)`` the same fields of the model. A difference is refused.
+    - ``config_probe(config) -> {field: value}``: the architecture a HuggingFace
+      ``config.json`` reveals (None: unknown; the function itself None: the family reads no
+      config), compared with ``model_probe(model)`` exactly like ``probe`` (so
+      ``model_probe`` must answer every field it returns). Return ``{}`` for a config of
+      another model type that says nothing about this family's fields.
     - ``resize``: ``(key regex, fn(key, value, own, model) -> tensor)`` rules applied to each
       key whose shape differs from the model's tensor ``own`` (position tables, kernels).
     - ``fit(sd, model) -> sd``: the family's whole-dict fitting (None: none), after ``resize``.
@@ -85,9 +93,15 @@ class CheckpointFamily(NamedTuple):
       hold (new heads); they keep their initialisation without being reported missing.
     - ``drop_mismatched``: key regex of tensors left initialised (reported missing) when their
       shape does not fit, instead of refusing the file.
+    - ``unrepresentable``: ``(key regex, feature)`` or ``(key regex, feature, how)`` entries:
+      a converted key matching the regex (``re.search``) that the model's state dict lacks
+      means the file needs a feature this model was built without (a LayerScale gamma, an
+      absolute position embedding): refused with ``checkpoint has <key> (<feature>), which
+      this model does not have: build it with <how>`` (``how`` defaults to ``feature``), not
+      left to the leftover-keys warning with wrong features.
     """
     name: str
-    convert: Callable[[StateDict], Tuple[StateDict, str]]
+    convert: Callable[..., Tuple[StateDict, str]]
     probe: Callable[[StateDict], Dict[str, object]]
     model_probe: Callable[[nn.Module], Dict[str, object]]
     resize: Tuple[Tuple[str, Callable], ...] = ()
@@ -96,22 +110,49 @@ class CheckpointFamily(NamedTuple):
     derived: Tuple[str, ...] = DERIVED_KEYS
     keep_initialised: Dict[str, str] = {}
     drop_mismatched: Optional[str] = None
+    config_probe: Optional[Callable[[dict], Dict[str, object]]] = None
+    convert_needs_config: bool = False
+    unrepresentable: Tuple[Tuple[str, ...], ...] = ()
 
 
-def fit_checkpoint(family: CheckpointFamily, sd: StateDict, model: nn.Module) -> StateDict:
+def _check_fields(family: CheckpointFamily, have: Dict[str, object],
+                  want: Dict[str, object], what: str) -> None:
+    for field, value in have.items():
+        if value is not None and value != want[field]:
+            raise ValueError(f'{what} is a {family.name} with {field}={value}, but this '
+                             f'model has {field}={want[field]}')
+
+
+def check_unrepresentable(family: CheckpointFamily, sd: StateDict, own: StateDict) -> None:
+    """ValueError for the first ``family.unrepresentable`` entry that a key of ``sd`` (the
+    converted file) matches while the model (``own``: its state dict) has no such key."""
+    for entry in family.unrepresentable:
+        pattern, feature = entry[0], entry[1]
+        how = entry[2] if len(entry) > 2 else feature
+        keys = [k for k in sd if k not in own and re.search(pattern, k)]
+        if keys:
+            more = f' and {len(keys) - 1} more like it' if len(keys) > 1 else ''
+            raise ValueError(f'checkpoint has {keys[0]}{more} ({feature}), which this model '
+                             f'does not have: build it with {how}')
+
+
+def fit_checkpoint(family: CheckpointFamily, sd: StateDict, model: nn.Module,
+                   config: Optional[dict] = None) -> StateDict:
     """Any state dict of ``family`` -> ``model``'s keys and sizes: detect, convert, drop
-    derived keys, check the architecture, resize, fit, then the model's own derived tensors.
+    derived keys, check the architecture (keys, then ``config``: the checkpoint's parsed
+    ``config.json`` when it came with one), refuse keys of features the model lacks
+    (``family.unrepresentable``), resize, fit, then the model's own derived tensors.
     ValueError (naming the field or key) when the file belongs to another architecture."""
-    sd, fmt = family.convert(sd)
+    sd, fmt = family.convert(sd, config) if family.convert_needs_config else family.convert(sd)
     if family.transform is not None:
         sd = family.transform(sd, fmt, model)
     sd = OrderedDict((k, v) for k, v in sd.items() if not k.endswith(family.derived))
-    have, want = family.probe(sd), family.model_probe(model)
-    for field, value in have.items():
-        if value is not None and value != want[field]:
-            raise ValueError(f'checkpoint is a {family.name} with {field}={value}, but this '
-                             f'model has {field}={want[field]}')
+    want = family.model_probe(model)
+    _check_fields(family, family.probe(sd), want, 'checkpoint')
+    if config is not None and family.config_probe is not None:
+        _check_fields(family, family.config_probe(config), want, 'checkpoint (its config.json)')
     own = model.state_dict()
+    check_unrepresentable(family, sd, own)
     for key, value in list(sd.items()):
         if key not in own or own[key].shape == value.shape:
             continue
@@ -167,21 +208,28 @@ def load_state_dict_reported(model: nn.Module, state_dict: StateDict,
 
 def load_pretrained(model: nn.Module, checkpoint: str, prefix: Optional[str] = None,
                     map_location='cpu') -> LoadReport:
-    """Load the checkpoint file ``checkpoint`` into ``model`` (see
-    :func:`load_pretrained_dict`); the file is read by
-    :func:`~mmvitswin.core.checkpoint.files.load_checkpoint_file`."""
-    ckpt = load_checkpoint_file(checkpoint, map_location=map_location)
-    return load_pretrained_dict(model, ckpt, source=str(checkpoint), prefix=prefix)
+    """Load the checkpoint ``checkpoint`` (a file, sharded index, HuggingFace snapshot
+    directory or URL, read by :func:`~mmvitswin.core.checkpoint.files.read_checkpoint`) into
+    ``model`` (see :func:`load_pretrained_dict`), passing its ``config.json`` when it has one."""
+    ckpt = read_checkpoint(checkpoint, map_location=map_location)
+    return load_pretrained_dict(model, ckpt.obj, source=str(checkpoint), prefix=prefix,
+                                config=ckpt.config)
 
 
-def load_pretrained_dict(model: nn.Module, ckpt: dict, source: str = 'checkpoint',
-                         prefix: Optional[str] = None) -> LoadReport:
-    """Load a checkpoint already read into memory (``ckpt``: what the file held) into
-    ``model`` through its ``convert_checkpoint(state_dict)``.
+def load_pretrained_dict(model: nn.Module, ckpt, source: str = 'checkpoint',
+                         prefix: Optional[str] = None,
+                         config: Optional[dict] = None) -> LoadReport:
+    """Load a checkpoint already read into memory (``ckpt``: what the file held, or a
+    :class:`~mmvitswin.core.checkpoint.files.Checkpoint`, whose config is then used unless
+    ``config`` is given) into ``model`` through its ``convert_checkpoint(state_dict, config)``.
 
-    The backbone's converter detects the format, renames keys to our layout and resizes
-    position tables to the model; this function does the rest (see module docstring).
+    The backbone's converter detects the format, renames keys to our layout, checks the
+    architecture (against ``config``, the checkpoint's parsed ``config.json``, too) and
+    resizes position tables to the model; this function does the rest (see module docstring).
     """
+    if isinstance(ckpt, Checkpoint):
+        config = ckpt.config if config is None else config
+        ckpt = ckpt.obj
     try:
         sd = unwrap_state_dict(ckpt, prefix=prefix)
     except (TypeError, ValueError) as exc:
@@ -192,7 +240,7 @@ def load_pretrained_dict(model: nn.Module, ckpt: dict, source: str = 'checkpoint
     convert = getattr(model, 'convert_checkpoint', None)
     if convert is not None:
         try:
-            sd = convert(sd)
+            sd = convert(sd) if config is None else convert(sd, config=config)
         except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as exc:
             raise CheckpointError(source, 'other model', f'its weights do not belong to this '
                                   f'{name}: {exc}') from None
