@@ -14,47 +14,19 @@ import pytest
 import torch
 
 from mmvitswin.core.compat import COMPILE_DYNAMIC_OK, CPU_AUTOCAST_FP16, HAS_DYNAMO_ONNX_EXPORT
-from mmvitswin.core.backbones.hybrid_vit import HybridViT
-from mmvitswin.core.backbones.swin import SwinTransformer
-from mmvitswin.core.backbones.swin3d import SwinTransformer3D
-from mmvitswin.core.backbones.vit import ViTAdapter
 from conftest import max_rel_err
+from zoo import ZOO, create_model, example_input, params
 
-_VIT = dict(arch=dict(embed_dims=64, num_layers=4, num_heads=4, feedforward_channels=128),
-            img_size=64, patch_size=16, drop_path_rate=0.1)
-BACKBONES = {
-    'swin': lambda: SwinTransformer(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8),
-                                    window_size=4, drop_path_rate=0.1),
-    # windowed blocks with decomposed rel-pos and two global blocks (ViTDet)
-    'vit-simple': lambda: ViTAdapter(**_VIT, window_size=3, global_attn_indexes=(1, 3),
-                                     use_rel_pos=True, adapter='simple',
-                                     adapter_cfg=dict(out_channels=32)),
-    'vit-interaction': lambda: ViTAdapter(
-        **_VIT, adapter='interaction', adapter_cfg=dict(out_channels=32, num_heads=4)),
-    'hybrid': lambda: HybridViT(
-        arch=dict(embed_dims=64, num_layers=2, num_heads=4, feedforward_channels=128),
-        img_size=64, stem_channels=32, cnn_depths=(1, 1, 1), cnn_channels=(128, 128, 128),
-        out_indices=(0, 1, 2, 3)),
-    'swin3d': lambda: SwinTransformer3D(
-        arch=dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4)),
-        window_size=(2, 4, 4), drop_path_rate=0.1, out_indices=(0, 1, 2, 3)),
-}
-# two odd sizes per backbone (video: T, H, W) that need padding at every stage; the video
-# sizes clamp the window (and drop the shift) at the same stages, which an exported graph
-# assumes of every input (docs/deploy.md); the Swin sizes keep the window count of every stage
-# on the same side of 1 (compile specialises a size of 1, as PyTorch does for every dim)
-SIZES = {'swin3d': ((5, 45, 61), (7, 37, 53)), 'swin': ((45, 77), (37, 69))}
-IMAGE_SIZES = ((45, 77), (37, 53))
+# every backbone: the zoo (tests/zoo.py); its two odd sizes per backbone need padding at every
+# stage, and the second must reuse the graph compiled at the first
 
 
 def build(name: str, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return BACKBONES[name]()
+    return create_model(name, seed)
 
 
 def inputs(name: str, which: int, batch: int = 2) -> torch.Tensor:
-    size = SIZES.get(name, IMAGE_SIZES)[which]
-    return torch.randn(batch, 3, *size)
+    return example_input(name, which, batch)
 
 
 # ------------------------------------------------------------------------------------ AMP
@@ -62,7 +34,7 @@ def inputs(name: str, which: int, batch: int = 2) -> torch.Tensor:
     torch.bfloat16,
     pytest.param(torch.float16, marks=pytest.mark.skipif(
         not CPU_AUTOCAST_FP16, reason='fp16 autocast on CPU needs a newer torch'))])
-@pytest.mark.parametrize('name', sorted(BACKBONES))
+@pytest.mark.parametrize('name', params('amp'))
 def test_amp_train_step_has_finite_grads_and_bf16_is_close_to_fp32(name, dtype):
     model = build(name).eval()
     x = inputs(name, 0)
@@ -110,7 +82,7 @@ COMPILE_BACKEND = os.environ.get('MMVITSWIN_TEST_COMPILE_BACKEND', 'eager')
 @pytest.mark.slow
 @pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
                     'models needs torch >= 2.6 (see mmvitswin.core.compat)')
-@pytest.mark.parametrize('name', sorted(BACKBONES))
+@pytest.mark.parametrize('name', params('compile'))
 def test_compile_dynamic_equals_eager_at_two_sizes_without_recompiling(name):
     import torch._dynamo
     torch._dynamo.reset()
@@ -135,7 +107,7 @@ def test_compile_dynamic_equals_eager_at_two_sizes_without_recompiling(name):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_DYNAMO_ONNX_EXPORT,
                     reason='torch.onnx.export(dynamo=True) needs torch >= 2.5')
-@pytest.mark.parametrize('name', sorted(BACKBONES))
+@pytest.mark.parametrize('name', params('onnx'))
 def test_onnx_export_with_dynamic_size_runs_at_another_size(name, tmp_path):
     pytest.importorskip('onnxruntime')
     pytest.importorskip('onnxscript')
@@ -165,13 +137,13 @@ def _held_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-@pytest.mark.parametrize('name', ['swin', 'vit-simple', 'swin3d'])
+@pytest.mark.parametrize('name', params('bounded_state'))
 def test_held_memory_does_not_depend_on_batch_or_on_sizes_seen(name):
     model = build(name).eval()
     start = _held_bytes(model)
-    video = name == 'swin3d'
-    # detection size for Swin; the ViT's global attention and the video model get smaller ones
-    big = {'swin': (800, 1344), 'vit-simple': (256, 384), 'swin3d': (4, 200, 336)}[name]
+    video = ZOO[name].video
+    # detection size for the Swins; the ViTs' global attention and video get smaller ones
+    big = (4, 200, 336) if video else (800, 1344) if name.startswith('swin') else (256, 384)
     with torch.no_grad():
         model(torch.randn(1, 3, *big))
         after_b1 = _held_bytes(model)
