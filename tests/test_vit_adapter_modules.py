@@ -1,15 +1,16 @@
-"""ViT-Adapter interaction modules: mmcv's deformable attention (CPU path) against a hand-written
-bilinear reference, reference-point geometry, the injector's zero init, the output head's
-composition, pyramid shapes for non-square padded inputs, gradients and input errors."""
+"""ViT-Adapter interaction modules: our deformable attention against a hand-written bilinear
+reference and against mmcv's ``MultiScaleDeformableAttention`` (oracle: same parameters, same
+init), reference-point geometry (also for a stride-14 token grid), the injector's zero init, the
+output head's composition, pyramid shapes for non-square padded inputs, gradients and input
+errors."""
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.ops import MultiScaleDeformableAttention
 
 from mmvitswin.core.backbones.vit_adapter_modules import (
-    Injector, InteractionAdapter, MultiLevelDWConv, deform_inputs, deformable_attention,
-    maps_to_tokens, tokens_to_maps)
+    Injector, InteractionAdapter, MultiLevelDWConv, MultiScaleDeformableAttention, deform_inputs,
+    deformable_attention, maps_to_tokens, tokens_to_maps)
 from mmvitswin.core.layers import Attention
 from conftest import max_rel_err
 
@@ -63,8 +64,7 @@ def reference_deform_attn(attn: MultiScaleDeformableAttention, query, value, ref
 
 
 def make_msda(dims, heads, levels, points, ratio=1.0):
-    attn = MultiScaleDeformableAttention(dims, heads, levels, points, dropout=0.,
-                                         batch_first=True, value_proj_ratio=ratio)
+    attn = MultiScaleDeformableAttention(dims, heads, levels, points, value_proj_ratio=ratio)
     with torch.no_grad():  # offsets of a few pixels, some landing outside the maps
         attn.sampling_offsets.weight.normal_(0, 0.5)
         attn.sampling_offsets.bias.normal_(0, 2.)
@@ -72,33 +72,43 @@ def make_msda(dims, heads, levels, points, ratio=1.0):
     return attn
 
 
+class StandInBlock(nn.Module):
+    """A pre-norm attention block with the trunk blocks' call signature ``(seq, grid, P)``;
+    records its calls into ``log``."""
+
+    def __init__(self, index, log, dims=DIMS):
+        super().__init__()
+        self.index, self.log = index, log
+        self.norm = nn.LayerNorm(dims)
+        self.attn = Attention(dims, 4)
+
+    def forward(self, seq, grid, num_prefix):
+        self.log.append((self.index, tuple(grid), num_prefix, seq))
+        return seq + self.attn(self.norm(seq))
+
+
 class StandInTrunk(nn.Module):
-    """The trunk protocol the adapter drives, around two pre-norm attention blocks: the
-    "embedding" returns the tokens a test sets (``trunk.tokens``, CLS-free unless
-    ``num_prefix_tokens``), ``forward_blocks`` records its calls."""
+    """What the builder hands the adapter: its blocks (``blocks``) and an embedding whose
+    tokens a test sets (``trunk.tokens``, CLS-free unless ``num_prefix_tokens``)."""
 
     def __init__(self, dims=DIMS, depth=2, num_prefix_tokens=0):
         super().__init__()
         self.num_prefix_tokens = num_prefix_tokens
-        self.norms = nn.ModuleList([nn.LayerNorm(dims) for _ in range(depth)])
-        self.blocks = nn.ModuleList([Attention(dims, 4) for _ in range(depth)])
-        self.calls, self.inputs = [], []
-        self.tokens = None
+        self.log = []
+        self.blocks = nn.ModuleList([StandInBlock(i, self.log, dims) for i in range(depth)])
 
-    def prepare_tokens(self, img):
-        return self.tokens, (img.shape[-2] // 16, img.shape[-1] // 16)
+    @property
+    def calls(self):
+        return [(i, grid, p) for i, grid, p, _ in self.log]
 
-    def forward_blocks(self, x, hw, start, end):
-        self.calls.append((start, end, tuple(hw)))
-        self.inputs.append(x)
-        for i in range(start, end):
-            x = x + self.blocks[i](self.norms[i](x))
-        return x
+    @property
+    def inputs(self):
+        return [seq for i, _, _, seq in self.log]
 
 
-def run(adapter, img, tokens, trunk):
-    trunk.tokens = tokens
-    return adapter(img, trunk)
+def run(adapter, img, tokens, trunk, stride=16):
+    grid = (-(-img.shape[-2] // stride), -(-img.shape[-1] // stride))
+    return adapter(img, tokens, grid, trunk.blocks, trunk.num_prefix_tokens)
 
 
 def make_adapter(**kwargs):
@@ -115,7 +125,7 @@ def inputs_for(h, w, b=2):
 
 
 # ------------------------------------------------------------ deformable attention (CPU path)
-def test_mmcv_deformable_attention_cpu_matches_bilinear_reference():
+def test_deformable_attention_matches_bilinear_reference():
     shapes = [(6, 10), (3, 5), (2, 3)]  # non-square, odd: like c2/c3/c4 of a 48x80 image
     attn = make_msda(DIMS, 4, len(shapes), 3, ratio=0.5)
     inputs = deform_inputs([(4, 5)], shapes)
@@ -133,17 +143,78 @@ def test_mmcv_deformable_attention_cpu_matches_bilinear_reference():
 
 def test_deform_inputs_layout():
     inputs = deform_inputs([(3, 5)], [(6, 10), (3, 5), (2, 3)])
-    assert inputs.spatial_shapes.tolist() == [[6, 10], [3, 5], [2, 3]]
-    assert inputs.spatial_shapes.dtype == torch.long
-    assert inputs.level_start_index.tolist() == [0, 60, 75]
+    assert inputs.value_shapes == ((6, 10), (3, 5), (2, 3))
     assert inputs.reference_points.shape == (1, 15, 1, 2)
     # row-major pixel centres, (x, y) order
     assert torch.allclose(inputs.reference_points[0, 6, 0], torch.tensor([1.5 / 5, 1.5 / 3]))
 
 
+def test_deform_inputs_place_levels_by_their_extent():
+    """A stride-14 grid of a 64 x 96 image has 5 x 7 cells covering 70 x 98 pixels: its cell
+    (i, j) centre is pixel ((j + .5) 14, (i + .5) 14), i.e. that over the image's extent in
+    the stride-16/32 value levels, and a c-level query reads the ViT level at its own pixel."""
+    img, vit = (64, 96), (70, 98)
+    inject = deform_inputs([(5, 7)], [(8, 12), (4, 6), (2, 3)], None, vit, [img] * 3)
+    assert inject.reference_points.shape == (1, 35, 3, 2)
+    i, j = 2, 3
+    want = torch.tensor([(j + .5) * 14 / 96, (i + .5) * 14 / 64])
+    for level in range(3):
+        assert torch.allclose(inject.reference_points[0, i * 7 + j, level], want)
+    extract = deform_inputs([(8, 12)], [(5, 7)], None, img, [vit])
+    want = torch.tensor([(j + .5) * 8 / 98, (i + .5) * 8 / 70])
+    assert torch.allclose(extract.reference_points[0, i * 12 + j, 0], want)
+    # an identity sampler at these points reads the bilinear value at that pixel
+    attn = _identity_sampler()
+    value = torch.randn(1, 35, 4)
+    out = deformable_attention(attn, torch.randn(1, 96, 4), value, extract)
+    grid = value.transpose(1, 2).reshape(1, 4, 5, 7)
+    px = torch.tensor([(jj + .5) * 8 / 14 - .5 for jj in range(12)])
+    py = torch.tensor([(ii + .5) * 8 / 14 - .5 for ii in range(8)])
+    norm = torch.stack(torch.meshgrid(2 * (py + .5) / 5 - 1, 2 * (px + .5) / 7 - 1,
+                                      indexing='ij')[::-1], -1)[None]
+    ref = F.grid_sample(grid, norm, align_corners=False).flatten(2).transpose(1, 2)
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_our_deformable_attention_matches_mmcv():
+    """mmcv's module is the oracle: same parameter names and shapes, same init (seeded), and
+    its forward (CPU: its PyTorch sampling core) equals ours on copied weights."""
+    mmcv_ops = pytest.importorskip('mmcv.ops')
+    torch.manual_seed(3)
+    theirs = mmcv_ops.MultiScaleDeformableAttention(DIMS, 4, 3, 2, dropout=0., batch_first=True,
+                                                    value_proj_ratio=0.5)
+    torch.manual_seed(3)
+    ours = MultiScaleDeformableAttention(DIMS, 4, 3, 2, value_proj_ratio=0.5)
+    theirs_sd, ours_sd = theirs.state_dict(), ours.state_dict()
+    assert sorted(theirs_sd) == sorted(ours_sd)
+    for key in ('sampling_offsets.weight', 'sampling_offsets.bias', 'attention_weights.weight',
+                'attention_weights.bias', 'value_proj.bias', 'output_proj.bias'):
+        assert torch.equal(theirs_sd[key], ours_sd[key]), key  # deterministic parts of init
+    for key in ('value_proj.weight', 'output_proj.weight'):  # Xavier-uniform: same bound
+        bound = (6 / sum(ours_sd[key].shape))**0.5
+        assert ours_sd[key].abs().max() <= bound and ours_sd[key].abs().max() > 0.8 * bound
+    with torch.no_grad():  # offsets of a few pixels, some landing outside the maps
+        theirs.sampling_offsets.bias.normal_(0, 2.)
+        theirs.sampling_offsets.weight.normal_(0, 0.5)
+        theirs.attention_weights.weight.normal_(0, 0.2)
+    ours.load_state_dict(theirs.state_dict())
+    shapes = [(6, 10), (3, 5), (2, 3)]
+    inputs = deform_inputs([(4, 5)], shapes)
+    query = torch.randn(2, 20, DIMS)
+    value = torch.randn(2, sum(h * w for h, w in shapes), DIMS)
+    spatial = torch.tensor(shapes)
+    start = torch.tensor([0, 60, 75])
+    with torch.no_grad():
+        want = theirs(query, value=value, identity=query,
+                      reference_points=inputs.reference_points.expand(2, -1, 3, -1),
+                      spatial_shapes=spatial, level_start_index=start)
+        got = ours(query, value, inputs, identity=query)
+    assert max_rel_err(got, want) < 1e-5
+
+
 def _identity_sampler(levels=1):
     """A 1-head, 1-point attention that reads exactly at the reference point(s)."""
-    attn = MultiScaleDeformableAttention(4, 1, levels, 1, dropout=0., batch_first=True)
+    attn = MultiScaleDeformableAttention(4, 1, levels, 1)
     with torch.no_grad():
         for lin in (attn.sampling_offsets, attn.attention_weights):
             lin.weight.zero_()
@@ -207,7 +278,7 @@ def test_pyramid_shapes_and_block_schedule(size, out_channels):
     assert [tuple(o.shape) for o in outs] == [
         (img.shape[0], c, h // s, w // s) for s in (4, 8, 16, 32)]
     assert all(torch.isfinite(o).all() for o in outs)
-    assert trunk.calls == [(0, 1, hw), (1, 2, hw)]
+    assert trunk.calls == [(0, hw, 0), (1, hw, 0)]
 
 
 def test_backward_reaches_spm_and_tokens():
@@ -222,7 +293,7 @@ def test_backward_reaches_spm_and_tokens():
     for p in (adapter.level_embed, adapter.up.weight, tokens,
               adapter.interactions[0].injector.gamma,
               adapter.interactions[1].extra_extractors[1].attn.value_proj.weight,
-              trunk.blocks[0].qkv.weight):
+              trunk.blocks[0].attn.qkv.weight):
         assert p.grad is not None and p.grad.abs().sum() > 0
     # with gamma = 0 the injectors' attention receives no gradient yet, only gamma does
     assert adapter.interactions[0].injector.attn.value_proj.weight.grad.abs().max() == 0
@@ -236,7 +307,7 @@ def test_injector_zero_init_leaves_tokens_unchanged():
     assert torch.equal(trunk.inputs[0], tokens)
     with torch.no_grad():
         adapter.interactions[0].injector.gamma.fill_(1.)
-    trunk.inputs.clear()
+    trunk.log.clear()
     run(adapter, img, tokens, trunk)
     assert not torch.allclose(trunk.inputs[0], tokens, atol=1e-3)
 
@@ -315,8 +386,12 @@ def test_forward_errors_name_the_argument():
         run(adapter, img.long(), tokens, trunk)
     with pytest.raises(ValueError, match='img'):
         run(adapter, img[:, :1], tokens, trunk)
-    with pytest.raises(TypeError, match='trunk'):
-        adapter(img, None)
+    with pytest.raises(TypeError, match='blocks'):
+        adapter(img, tokens, hw, None)
+    with pytest.raises(ValueError, match='blocks'):
+        adapter(img, tokens, hw, trunk.blocks[:1])
+    with pytest.raises(ValueError, match='grid'):
+        adapter(img, tokens, (hw[0] + 1, hw[1]), trunk.blocks)
     with pytest.raises(ValueError, match='tokens'):  # a CLS token the trunk does not declare
         run(adapter, img, torch.cat([tokens[:, :1], tokens], 1), trunk)
     with pytest.raises(ValueError, match='tokens'):
@@ -331,7 +406,8 @@ def test_prefix_tokens_go_through_the_blocks_but_not_the_adapter():
     cls = torch.randn(2, 1, DIMS)
     plain, with_cls = StandInTrunk(), StandInTrunk(num_prefix_tokens=1)
     for trunk in (plain, with_cls):  # per-token blocks: CLS cannot change the patch tokens
-        trunk.blocks = nn.ModuleList([nn.Linear(DIMS, DIMS) for _ in range(2)])
+        for block in trunk.blocks:
+            block.attn = nn.Linear(DIMS, DIMS)
     with_cls.load_state_dict(plain.state_dict())
     adapter = make_adapter().eval()
     with torch.no_grad():
@@ -340,7 +416,7 @@ def test_prefix_tokens_go_through_the_blocks_but_not_the_adapter():
     assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want))
     first, second = with_cls.inputs
     assert torch.equal(first[:, :1], cls)
-    expected_cls = cls + with_cls.blocks[0](with_cls.norms[0](cls))
+    expected_cls = cls + with_cls.blocks[0].attn(with_cls.blocks[0].norm(cls))
     assert torch.allclose(second[:, :1], expected_cls, atol=1e-6)
 
 

@@ -39,6 +39,7 @@ from ..layers import (DropPath, MaxPool2dSame, StdConv2d, drop_path_schedule,  #
                       group_norm, resolve_indices, same_padding)
 from ..utils import (check_bool, check_image_input, check_int, check_int_sequence,
                      check_positive_int, check_positive_number, check_probability)
+from ..checkpoint.hybrid_vit import HYBRID_CHECKPOINTS
 from .vit import VisionTransformerTrunk
 
 # -------------------------------------------------------------------------------- layers
@@ -174,10 +175,12 @@ class ResNetV2FrontEnd(nn.Module):
 class HybridEmbed(nn.Module):
     """The hybrid's patch embedding: CNN front end + 1x1 projection to ``embed_dims``.
 
-    ``forward(x: (B, C_in, H, W))`` returns ``(tokens (B, h, w, embed_dims), (h, w))`` with
-    ``h = ceil(H / 16)``, ``w = ceil(W / 16)`` (the interface the ViT trunk expects of a
-    replacement patch embedding). The names ``backbone`` / ``proj`` are timm's
-    (``patch_embed.backbone.*``, ``patch_embed.proj.*``), so its checkpoints map without renaming.
+    ``forward(x: (B, C_in, H, W))`` returns ``(tokens (B, h, w, embed_dims), (h, w), maps)``
+    with ``h = ceil(H / 16)``, ``w = ceil(W / 16)`` and ``maps`` the CNN stage outputs
+    (strides 4, 8, 16) that the hybrid's pyramid uses beside the tokens; the ViT trunk reads the
+    first two entries (its patch-embedding interface). ``map_channels`` are the maps' widths.
+    The names ``backbone`` / ``proj`` are timm's (``patch_embed.backbone.*``,
+    ``patch_embed.proj.*``), so its checkpoints map without renaming.
     """
 
     def __init__(self, backbone: ResNetV2FrontEnd, embed_dims: int):
@@ -185,14 +188,21 @@ class HybridEmbed(nn.Module):
         self.backbone = backbone
         # kernel 1, stride 1: one token per stride-16 CNN cell, only the channels change.
         self.proj = nn.Conv2d(backbone.channels[-1], embed_dims, kernel_size=1, stride=1)
+        self.map_channels = tuple(backbone.channels)
+        self.depths = tuple(backbone.depths)
 
-    def project(self, feat: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Last CNN map ``(B, C_cnn, h, w)`` -> channels-last tokens ``(B, h, w, C)``, grid."""
-        x = self.proj(feat)
-        return x.permute(0, 2, 3, 1), (x.shape[2], x.shape[3])
+    def forward(self, x: torch.Tensor
+                ) -> Tuple[torch.Tensor, Tuple[int, int], List[torch.Tensor]]:
+        maps = self.backbone(x)
+        tokens = self.proj(maps[-1])
+        return tokens.permute(0, 2, 3, 1), (tokens.shape[2], tokens.shape[3]), maps
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        return self.project(self.backbone(x)[-1])
+    def frozen_modules(self, stages: int) -> List[nn.Module]:
+        """The CNN parts frozen by ``stages``: -1 none, 0 the stem, ``k`` also stages
+        ``0..k-1`` (the projection belongs to the trunk's embedding and freezes with it)."""
+        if stages < 0:
+            return []
+        return [self.backbone.stem] + list(self.backbone.stages[:stages])
 
     @classmethod
     def build(cls, in_channels: int, embed_dims: int, **cnn_cfg) -> 'HybridEmbed':
@@ -287,9 +297,10 @@ class HybridViT(VisionTransformerTrunk):
                          patch_embed=partial(HybridEmbed.build, **cnn_cfg), **vit_kwargs)
         self.out_indices = resolve_indices(out_indices, 4, 'pyramid levels')
         self.frozen_stages = check_int('frozen_stages', frozen_stages, -1, 3 + self.num_layers)
-        cnn, dims = self.patch_embed.backbone, self.embed_dims
+        dims, cnn_channels = self.embed_dims, self.patch_embed.map_channels
+        self.cnn_depths = self.patch_embed.depths
         self.strides = (4, 8, 16, 32)
-        native = [cnn.channels[0], cnn.channels[1], dims, dims]
+        native = [cnn_channels[0], cnn_channels[1], dims, dims]
         wanted = _level_channels(out_channels, native)
         projs = []
         for level, (c_in, c_out) in enumerate(zip(native, wanted)):
@@ -315,11 +326,8 @@ class HybridViT(VisionTransformerTrunk):
     def frozen_modules(self) -> List[nn.Module]:
         """Modules frozen by ``frozen_stages`` (see the class docstring), input side first: the
         CNN stem and stages, then (from 3 on) the trunk's embedding and blocks."""
-        if self.frozen_stages < 0:
-            return []
-        cnn = self.patch_embed.backbone
-        mods: List[nn.Module] = [cnn.stem] + list(cnn.stages[:min(self.frozen_stages, 3)])
-        return mods + self.trunk_frozen_modules(self.frozen_stages - 3)
+        return (self.patch_embed.frozen_modules(min(self.frozen_stages, 3)) +
+                self.trunk_frozen_modules(self.frozen_stages - 3))
 
     def frozen_parameters(self) -> List[nn.Parameter]:
         return self.trunk_frozen_parameters(self.frozen_stages - 3)
@@ -328,8 +336,8 @@ class HybridViT(VisionTransformerTrunk):
     def forward_vit_input(self, x: torch.Tensor):
         """Run the front end: ``(cnn maps [s4, s8, s16], seq (B, 1 + h*w, C), grid)``; ``seq``
         is what the first ViT block receives (CLS + pos-embed added)."""
-        feats = self.patch_embed.backbone(x)
-        seq, grid = self.embed_tokens(*self.patch_embed.project(feats[-1]))
+        tokens, grid, feats = self.patch_embed(x)
+        seq, grid = self.embed_tokens(tokens, grid)
         return feats, seq, grid
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -351,5 +359,4 @@ class HybridViT(VisionTransformerTrunk):
 
     # ------------------------------------------------------------------------ checkpoints
     def checkpoint_family(self):
-        from ..checkpoint.hybrid_vit import HYBRID_CHECKPOINTS
         return HYBRID_CHECKPOINTS

@@ -27,7 +27,9 @@ from ..layers import (FFN, Attention, ConvStem, DropPath, LayerNorm2d, PatchEmbe
                       build_layer_norm, ceil_div, is_tracing, linear_drop_path, merge_windows,
                       pad_amount, partition_windows, resize_pos_embed, resize_rel_pos_1d,
                       resolve_arch, resolve_indices, to_tuple)
+from ..checkpoint.vit import VIT_CHECKPOINTS
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
+from .vit_adapter_modules import InteractionAdapter, _check_interaction_indexes
 from ..utils import (check_args, check_choice, check_image_input, check_int,
                      check_int_sequence, check_optional_dict, check_positive_int)
 
@@ -219,11 +221,6 @@ class SimpleFeaturePyramid(nn.Module):
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
         return [head(rescale(x)) for head, rescale in zip(self.outputs, self.rescale)]
 
-    def pyramid(self, trunk: 'VisionTransformerTrunk', img: torch.Tensor) -> List[torch.Tensor]:
-        """The four levels of ``img`` (padded to ``size_divisibility``) from the map of the
-        trunk's last block (final norm applied)."""
-        return self(trunk.forward_intermediates(img)[-1])
-
 
 # ---------------------------------------------------------------------------------- trunk
 class VisionTransformerTrunk(TransformerBackbone):
@@ -241,8 +238,9 @@ class VisionTransformerTrunk(TransformerBackbone):
 
     - ``patch_embed`` (ctor arg, injected): a module, or a factory called as
       ``patch_embed(in_channels, embed_dims)`` once those are resolved, mapping
-      ``(B, C_in, H, W)`` to ``(tokens (B, h, w, embed_dims), (h, w))`` like
-      ``layers.PatchEmbed``, with ``h, w`` a function of H, W only. It is stored as
+      ``(B, C_in, H, W)`` to ``(tokens (B, h, w, embed_dims), (h, w), *extras)`` like
+      ``layers.PatchEmbed`` (no extras), with ``h, w`` a function of H, W only; extras (the
+      hybrid's CNN maps) are for the builder that injected the embedding. It is stored as
       ``self.patch_embed`` (layer decay gives it depth 0) and initialises itself.
       ``patch_size`` must then be its total stride: it sets the pretraining grid
       ``img_size // patch_size`` of ``pos_embed``.
@@ -250,7 +248,8 @@ class VisionTransformerTrunk(TransformerBackbone):
       ``seq: (B, P + h*w, C)`` (``P = num_prefix_tokens`` CLS tokens first, then the grid
       row-major) with pos-embed added (resized bicubically to ``grid``), dropout, pre-norm;
       ``embed_tokens(tokens, grid)`` does the part after ``patch_embed``.
-    - ``forward_blocks(seq, grid, start, end) -> seq``: run ``blocks[start:end]``.
+    - ``blocks``: an ``nn.ModuleList``, each called as ``block(seq, grid, num_prefix_tokens)``
+      (the interaction adapter receives it and runs the blocks in groups).
     - ``forward_intermediates(x, indices, embedded=None)``: the NCHW maps after each block in
       ``indices`` (``final_norm`` applied after the last block): the one intermediates method.
     - ``forward(x)``: the map of the last block.
@@ -402,7 +401,6 @@ class VisionTransformerTrunk(TransformerBackbone):
         self.init_trunk_weights()
 
     def checkpoint_family(self):
-        from ..checkpoint.vit import VIT_CHECKPOINTS
         return VIT_CHECKPOINTS
 
     # ------------------------------------------------------------------------ layer decay
@@ -440,7 +438,8 @@ class VisionTransformerTrunk(TransformerBackbone):
     # ---------------------------------------------------------------------------- forward
     def prepare_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         """x: (B, C_in, H, W) -> (seq (B, P + h*w, C), grid (h, w)); see class docstring."""
-        tokens, grid = self.patch_embed(x)
+        # an embedding may return more than (tokens, grid) (the hybrid's CNN maps): unused here
+        tokens, grid = self.patch_embed(x)[:2]
         return self.embed_tokens(tokens, grid)
 
     def embed_tokens(self, tokens: torch.Tensor,
@@ -459,13 +458,6 @@ class VisionTransformerTrunk(TransformerBackbone):
         if self.norm_pre is not None:
             seq = self.norm_pre(seq)
         return seq, tuple(grid)
-
-    def forward_blocks(self, seq: torch.Tensor, grid: Tuple[int, int], start: int = 0,
-                       end: Optional[int] = None) -> torch.Tensor:
-        """Run ``blocks[start:end]`` on ``seq: (B, P + h*w, C)``; returns the same shape."""
-        for block in self.blocks[start:end]:
-            seq = block(seq, grid, self.num_prefix_tokens)
-        return seq
 
     def seq_to_map(self, seq: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
         """(B, P + h*w, C) -> (B, C, h, w), prefix tokens dropped."""
@@ -556,7 +548,6 @@ class ViTAdapter(VisionTransformerTrunk):
     def _interaction_adapter(self, cfg: dict) -> nn.Module:
         """ViT-Adapter's ``InteractionAdapter``; ``interaction_indexes`` defaults to four equal
         groups of blocks and ``num_heads`` (deformable heads) to 6 below ViT-L, 16 from it."""
-        from .vit_adapter_modules import InteractionAdapter, _check_interaction_indexes
         if self.window_size and not self.global_attn_indexes:
             raise ValueError('adapter="interaction" with windowed blocks needs global blocks')
         step = self.num_layers // 4
@@ -583,7 +574,11 @@ class ViTAdapter(VisionTransformerTrunk):
         h, w = x.shape[-2:]
         multiple = self.adapter.size_divisibility
         x = F.pad(x, (0, pad_amount(w, multiple), 0, pad_amount(h, multiple)))
-        levels = self.adapter.pyramid(self, x)
+        if self.adapter_type == 'simple':
+            levels = self.adapter(self.forward_intermediates(x)[-1])
+        else:  # the adapter runs the trunk's blocks on the trunk's embedding, group by group
+            seq, grid = self.prepare_tokens(x)
+            levels = self.adapter(x, seq, grid, self.blocks, self.num_prefix_tokens)
         outs = []
         for i in self.out_indices:
             stride = 4 * 2**i

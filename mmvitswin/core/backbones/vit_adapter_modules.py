@@ -3,17 +3,22 @@ Predictions"): a convolutional spatial prior exchanged with a plain ViT through 
 deformable cross-attention, giving a 4-level NCHW pyramid at strides 4/8/16/32.
 
 Data flow, for an image padded to ``H, W`` multiples of 32 and the ViT grid ``(h, w) =
-(H / 16, W / 16)``::
+ceil((H, W) / vit_stride)`` (``vit_stride`` = the trunk's patch, 16 or e.g. 14)::
 
-    img --trunk.prepare_tokens--> [CLS | tokens] (B, P + hw, C)
+    builder: img --trunk embedding--> [prefix | tokens] (B, P + hw, C)   (prefix: CLS, registers)
     img --SPM--> c1 (B, C, H/4, W/4) map, c2/c3/c4 maps at strides 8/16/32 (+ level embeddings)
-                 c = flattened cat(c2, c3, c4): (B, 4hw + hw + hw/4, C)
+                 c = flattened cat(c2, c3, c4): (B, Nc, C)
     for each interaction group (start, end):
         tokens = Injector(tokens attend to c)            # ViT tokens query the 3 SPM levels
-        [CLS | tokens] = trunk.forward_blocks([CLS | tokens], (h, w), start, end)
+        [prefix | tokens] = blocks[start:end] run in order on [prefix | tokens]
         c      = Extractor(c attends to tokens)           # + ConvFFN; 2 extra ones at the end
     head: c -> maps c2/c3/c4; c1 += up(c2) (2x2 transposed conv); each map += the final ViT
-          tokens resized to it (bilinear); optional 1x1 projection; one BatchNorm per level.
+          tokens resampled to it (bilinear, by position in the image); optional 1x1
+          projection; one BatchNorm per level.
+
+Every query and value level is placed by its stride in image pixels (reference points are the
+query's pixel centre over each value level's extent), so a stride-14 token grid, which covers
+``14 * ceil(H / 14)`` pixels, lines up with the stride-8/16/32 maps of the padded image.
 
 Interface (stable; ``vit.py``'s ``ViTAdapter(adapter='interaction')`` relies on it)::
 
@@ -22,19 +27,21 @@ Interface (stable; ``vit.py``'s ``ViTAdapter(adapter='interaction')`` relies on 
         in_channels=3, conv_inplane=64, n_points=4, deform_ratio=1.0, cffn_ratio=0.25,
         with_cffn=True, drop_path_rate=0., add_vit_feature=True, use_extra_extractor=True,
         with_cp=False, out_channels=None,
-        norm_cfg=dict(type='BN'), init_values=0.)      # extras, keyword-only in practice
-    f1, f2, f3, f4 = adapter(img, trunk)
+        norm_cfg=dict(type='BN'), init_values=0., vit_stride=16)   # keyword-only in practice
+    f1, f2, f3, f4 = adapter(img, seq, grid, blocks, num_prefix_tokens)
 
 - ``interaction_indexes``: half-open block ranges ``[(0, 3), (3, 6), (6, 9), (9, 12)]``,
   contiguous from 0 (the original ViT-Adapter configs write the same groups inclusively,
   ``[[0, 2], [3, 5], ...]``). The caller checks that the last ``end`` equals its depth.
 - ``img``: ``(B, in_channels, H, W)`` already padded so ``H`` and ``W`` are multiples of 32
   (``size_divisibility``; the builder pads and crops back).
-- ``trunk``: the ViT the adapter drives, passed in (not owned: its parameters stay the
-  builder's). It provides ``prepare_tokens(img) -> (seq (B, P + h*w, embed_dims), (h, w))``
-  with ``(h, w) == (H // 16, W // 16)`` and ``P = num_prefix_tokens`` leading CLS tokens, and
-  ``forward_blocks(seq, (h, w), start, end)`` running its blocks ``[start, end)``. The adapter
-  reads and writes the patch tokens; the prefix tokens travel through the trunk's blocks with
+- ``seq: (B, P + h*w, embed_dims)``, ``grid = (h, w)``: the trunk's embedding of ``img``
+  (``P = num_prefix_tokens`` leading CLS/register tokens, then the grid row-major), with
+  ``(h, w) == ceil((H, W) / vit_stride)``.
+- ``blocks``: the trunk's blocks as a sequence (an ``nn.ModuleList``; not owned: their
+  parameters stay the builder's); the adapter runs ``blocks[start:end]`` of each group, each
+  called as ``block(seq, grid, num_prefix_tokens) -> seq`` (``ViTBlock``'s signature). The
+  adapter reads and writes the patch tokens; the prefix tokens travel through the blocks with
   them, as plain values (no state kept between calls).
 - Returns ``(B, out_channels, H/4, W/4)``, ``(.., H/8, W/8)``, ``(.., H/16, W/16)``,
   ``(.., H/32, W/32)``; ``out_channels`` defaults to ``embed_dims``.
@@ -52,15 +59,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmcv.ops import MultiScaleDeformableAttention
 
 from ..layers import DropPath, build_batch_norm, is_tracing
 from ..utils import check_image_input
 from ..validate import check_args, check_number, check_positive_int
 
 HW = Tuple[int, int]
-# what the adapter uses of the trunk it drives (VisionTransformerTrunk provides it)
-TRUNK_PROTOCOL = ('prepare_tokens', 'num_prefix_tokens', 'forward_blocks')
 
 # The original adapter uses LayerNorm(eps=1e-6) in its injectors and extractors.
 _LN_EPS = 1e-6
@@ -81,35 +85,44 @@ def pixel_centres(hw: HW, device=None) -> torch.Tensor:
     return torch.stack((grid_x.reshape(-1), grid_y.reshape(-1)), dim=-1)
 
 
-def reference_points(shapes: Sequence[HW], device=None) -> torch.Tensor:
+def reference_points(shapes: Sequence[HW], device=None,
+                     scales: Optional[Sequence[Tuple[float, float]]] = None) -> torch.Tensor:
     """Reference points of queries laid out as the flattened levels ``shapes``:
-    ``(1, sum(h*w), 1, 2)``; the singleton dims broadcast over batch and value levels, so a
-    query at a given normalised position looks at the same position in every value level."""
+    ``(1, sum(h*w), L, 2)`` normalised ``(x, y)``, one entry per value level.
+
+    ``scales``: per value level ``(sx, sy)`` = (query level extent) / (value level extent) in
+    image pixels, both levels anchored at the image's top-left corner; None (or all ones): the
+    levels cover the same extent and ``L = 1`` broadcasts over them (a query at a normalised
+    position then reads the same position in every level).
+    """
     points = torch.cat([pixel_centres(hw, device) for hw in shapes], dim=0)
-    return points[None, :, None, :]
+    if scales is None or all(s == (1.0, 1.0) for s in scales):
+        return points[None, :, None, :]
+    factor = torch.tensor(scales, dtype=torch.float32, device=device)  # (L, 2)
+    return (points[:, None, :] * factor[None])[None]
 
 
 class DeformInputs(NamedTuple):
     """What deformable attention needs to know about its query and value layout."""
-    reference_points: torch.Tensor  # (1, num_query, 1, 2), normalised (x, y)
+    reference_points: torch.Tensor  # (1, num_query, 1 or num_levels, 2), normalised (x, y)
     value_shapes: Tuple[HW, ...]  # (h, w) of each value level, in the value's order
-    spatial_shapes: Optional[torch.Tensor]  # the same as (num_levels, 2) long (mmcv's kernel)
-    level_start_index: Optional[torch.Tensor]  # (num_levels, ) long offsets (mmcv's kernel)
 
 
-def deform_inputs(query_shapes: Sequence[HW], value_shapes: Sequence[HW],
-                  device=None) -> DeformInputs:
+def deform_inputs(query_shapes: Sequence[HW], value_shapes: Sequence[HW], device=None,
+                  query_extent: Optional[HW] = None,
+                  value_extents: Optional[Sequence[HW]] = None) -> DeformInputs:
     """Deformable-attention inputs for queries on the levels ``query_shapes`` attending to a
-    value made of the flattened levels ``value_shapes``. The tensor copies of the shapes that
-    mmcv's CUDA kernel takes are only built outside tracing (they would freeze the sizes)."""
+    value made of the flattened levels ``value_shapes``.
+
+    ``query_extent`` (pixels ``(H, W)`` every query level covers) and ``value_extents`` (one
+    per value level) place the levels in the image; None: all levels cover the same extent
+    (the original adapter's layout, reference points broadcast over the value levels)."""
     value_shapes = tuple((h, w) for h, w in value_shapes)
-    spatial_shapes = level_start_index = None
-    if not is_tracing():
-        spatial_shapes = torch.as_tensor(value_shapes, dtype=torch.long, device=device)
-        sizes = spatial_shapes.prod(1)
-        level_start_index = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
-    return DeformInputs(reference_points(query_shapes, device), value_shapes, spatial_shapes,
-                        level_start_index)
+    scales = None
+    if query_extent is not None and value_extents is not None:
+        qh, qw = query_extent
+        scales = [(qw / vw, qh / vh) for vh, vw in value_extents]
+    return DeformInputs(reference_points(query_shapes, device, scales), value_shapes)
 
 
 def sample_levels(value: torch.Tensor, value_shapes: Sequence[HW], locations: torch.Tensor,
@@ -139,7 +152,20 @@ def sample_levels(value: torch.Tensor, value_shapes: Sequence[HW], locations: to
     return out.view(b, heads * d, nq).transpose(1, 2)
 
 
-def deformable_attention(attn: MultiScaleDeformableAttention, query: torch.Tensor,
+def sampling_locations(reference: torch.Tensor, offsets: torch.Tensor,
+                       value_shapes: Sequence[HW]) -> torch.Tensor:
+    """``reference: (1, Nq, 1 or L, 2)`` normalised points plus ``offsets: (B, Nq, heads, L,
+    points, 2)`` in pixels of each level (normalised by that level's ``(w, h)``, as mmcv does)
+    -> ``(B, Nq, heads, L, points, 2)`` normalised ``(x, y)``."""
+    per_level = reference.shape[2] > 1
+    return torch.stack([
+        reference[:, :, None, i if per_level else 0, None, :]
+        + torch.stack((offsets[:, :, :, i, :, 0] / w, offsets[:, :, :, i, :, 1] / h), -1)
+        for i, (h, w) in enumerate(value_shapes)
+    ], dim=3)
+
+
+def deformable_attention(attn: 'MultiScaleDeformableAttention', query: torch.Tensor,
                          value: torch.Tensor, inputs: DeformInputs,
                          identity: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``identity + attn(query -> value)``; ``identity=None`` returns the attention branch alone.
@@ -147,10 +173,9 @@ def deformable_attention(attn: MultiScaleDeformableAttention, query: torch.Tenso
     query: (B, Nq, C), value: (B, Nv, C) with Nv = sum of the value levels' sizes. The module's
     parameters (``value_proj``, ``sampling_offsets``, ``attention_weights``, ``output_proj``)
     are used as mmcv's ``MultiScaleDeformableAttention`` uses them, with the sampling core
-    (:func:`sample_levels`) written in plain PyTorch so the adapter traces for compile/export.
-    The sampling core always runs in fp32 (mmcv has no Half kernel, and fp16 offsets lose
-    sub-pixel precision); the projections follow autocast. On CUDA outside tracing, the
-    sampling runs in mmcv's kernel (fp32).
+    (:func:`sample_levels`) in plain PyTorch on every device, so the adapter traces for
+    compile/export. The sampling runs in fp32 (fp16 offsets lose sub-pixel precision); the
+    projections follow autocast.
     """
     b, nq, _ = query.shape
     nv = value.shape[1]
@@ -162,24 +187,84 @@ def deformable_attention(attn: MultiScaleDeformableAttention, query: torch.Tenso
     offsets = attn.sampling_offsets(query).view(b, nq, heads, levels, points, 2)
     weights = attn.attention_weights(query).view(b, nq, heads, levels * points)
     weights = weights.float().softmax(-1).view(b, nq, heads, levels, points)
-    device = query.device.type
-    with torch.autocast(device, enabled=False):
-        # offsets are in pixels of each level: normalise by that level's (w, h)
-        ref = inputs.reference_points.float()[:, :, 0, None, None, :]  # (1, Nq, 1, 1, 2)
-        offsets = offsets.float()
-        locations = torch.stack([
-            ref + torch.stack((offsets[:, :, :, i, :, 0] / w, offsets[:, :, :, i, :, 1] / h), -1)
-            for i, (h, w) in enumerate(inputs.value_shapes)
-        ], dim=3)
-        if query.is_cuda and not is_tracing() and inputs.spatial_shapes is not None:
-            from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
-            out = MultiScaleDeformableAttnFunction.apply(
-                v.float(), inputs.spatial_shapes, inputs.level_start_index, locations, weights,
-                attn.im2col_step)
-        else:
-            out = sample_levels(v.float(), inputs.value_shapes, locations, weights)
+    with torch.autocast(query.device.type, enabled=False):
+        locations = sampling_locations(inputs.reference_points.float(), offsets.float(),
+                                       inputs.value_shapes)
+        out = sample_levels(v.float(), inputs.value_shapes, locations, weights)
     out = attn.dropout(attn.output_proj(out.to(v.dtype)))
     return out if identity is None else out + identity
+
+
+class MultiScaleDeformableAttention(nn.Module):
+    """Multi-scale deformable attention (Deformable DETR) with the parameters, names and
+    initialisation of mmcv's ``MultiScaleDeformableAttention``, so ViT-Adapter checkpoints
+    load unchanged: ``sampling_offsets`` (C -> heads * levels * points * 2), ``attention_weights``
+    (C -> heads * levels * points), ``value_proj`` (C -> C * value_proj_ratio), ``output_proj``.
+
+    ``forward(query (B, Nq, C), value (B, Nv, C), inputs, identity=None)`` -> ``(B, Nq, C)``
+    (:func:`deformable_attention`; plain PyTorch, batch first).
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, num_levels: int, num_points: int,
+                 value_proj_ratio: float = 1.0, dropout: float = 0.):
+        super().__init__()
+        value_dims = int(embed_dims * value_proj_ratio)
+        if embed_dims % num_heads or value_dims % num_heads or value_dims < num_heads:
+            raise ValueError(f'embed_dims ({embed_dims}) and embed_dims * value_proj_ratio '
+                             f'({value_dims}) must be divisible by num_heads ({num_heads})')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.num_levels = num_levels
+        self.num_points = num_points
+        self.sampling_offsets = nn.Linear(embed_dims, num_heads * num_levels * num_points * 2)
+        self.attention_weights = nn.Linear(embed_dims, num_heads * num_levels * num_points)
+        self.value_proj = nn.Linear(embed_dims, value_dims)
+        self.output_proj = nn.Linear(value_dims, embed_dims)
+        self.dropout = nn.Dropout(dropout)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """mmcv's init: zero offset weights with a bias that starts head ``k``'s points ``1..P``
+        pixels along the direction ``2 pi k / heads`` (scaled so the larger coordinate is 1),
+        zero attention logits (uniform weights), Xavier-uniform value/output projections."""
+        nn.init.zeros_(self.sampling_offsets.weight)
+        thetas = torch.arange(self.num_heads, dtype=torch.float32) * (2.0 * math.pi /
+                                                                      self.num_heads)
+        grid = torch.stack([thetas.cos(), thetas.sin()], -1)
+        grid = grid / grid.abs().max(-1, keepdim=True)[0]
+        grid = grid.view(self.num_heads, 1, 1, 2).repeat(1, self.num_levels, self.num_points, 1)
+        grid = grid * torch.arange(1, self.num_points + 1, dtype=torch.float32)[:, None]
+        with torch.no_grad():
+            self.sampling_offsets.bias.copy_(grid.reshape(-1))
+        nn.init.zeros_(self.attention_weights.weight)
+        nn.init.zeros_(self.attention_weights.bias)
+        for lin in (self.value_proj, self.output_proj):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, query: torch.Tensor, value: torch.Tensor, inputs: DeformInputs,
+                identity: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return deformable_attention(self, query, value, inputs, identity)
+
+
+def resample_by_stride(x: torch.Tensor, src_stride: int, dst_stride: int, size: HW,
+                       same_extent: bool) -> torch.Tensor:
+    """Bilinearly resample an NCHW map of stride ``src_stride`` (cell ``i`` covers pixels
+    ``[i s, (i + 1) s)``, both maps anchored at the image's top-left corner) to the stride
+    ``dst_stride`` grid of ``size`` cells.
+
+    ``same_extent`` (the caller knows it statically: the image is padded to a multiple of
+    both strides): ``F.interpolate(size=size)``, the original adapter's rule. Otherwise ``x``
+    covers at least ``size * dst_stride`` pixels and a scale factor ``src / dst`` keeps each
+    output cell centre at the image position ``(j + 0.5) * dst_stride``; the excess is cropped.
+    """
+    if same_extent:
+        if not is_tracing() and tuple(x.shape[-2:]) == tuple(size):
+            return x
+        return F.interpolate(x, size=size, mode='bilinear', align_corners=False)
+    out = F.interpolate(x, scale_factor=src_stride / dst_stride, mode='bilinear',
+                        align_corners=False, recompute_scale_factor=False)
+    return out[..., :size[0], :size[1]]
 
 
 def tokens_to_maps(x: torch.Tensor, shapes: Sequence[HW]) -> List[torch.Tensor]:
@@ -294,9 +379,8 @@ class ConvFFN(nn.Module):
 
 def _deformable(embed_dims: int, num_heads: int, num_levels: int, n_points: int,
                 deform_ratio: float) -> MultiScaleDeformableAttention:
-    return MultiScaleDeformableAttention(
-        embed_dims=embed_dims, num_heads=num_heads, num_levels=num_levels,
-        num_points=n_points, dropout=0., batch_first=True, value_proj_ratio=deform_ratio)
+    return MultiScaleDeformableAttention(embed_dims, num_heads, num_levels, n_points,
+                                         value_proj_ratio=deform_ratio)
 
 
 class Injector(nn.Module):
@@ -364,12 +448,20 @@ class Extractor(nn.Module):
         return inner(c, x)
 
 
+class Layout(NamedTuple):
+    """The geometry of one adapter forward, shared by its interaction blocks."""
+    grid: HW  # (h, w) of the ViT tokens
+    c_shapes: Tuple[HW, ...]  # (h, w) of c2, c3, c4
+    inject: DeformInputs  # ViT tokens -> the c levels
+    extract: DeformInputs  # c levels -> the ViT tokens
+
+
 class InteractionBlock(nn.Module):
-    """Injector -> the trunk's blocks ``[start, end)`` -> extractor (+ ``num_extra_extractors``
+    """Injector -> a group of the trunk's blocks -> extractor (+ ``num_extra_extractors``
     more extractors reading the same final tokens).
 
-    ``forward(x, c, prefix, trunk, grid_hw, inject_inputs, extract_inputs, c_shapes)`` ->
-    ``(x (B, h*w, C), c (B, Nc, C), prefix (B, P, C))``.
+    ``forward(x, c, prefix, blocks, layout)`` -> ``(x (B, h*w, C), c (B, Nc, C), prefix (B, P,
+    C))``; ``blocks``: the group's trunk blocks, run in order as ``block(seq, grid, P)``.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, block_range: HW, n_points: int = 4,
@@ -389,20 +481,20 @@ class InteractionBlock(nn.Module):
             for _ in range(num_extra_extractors)
         ]) if num_extra_extractors else None
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor, prefix: torch.Tensor, trunk: nn.Module,
-                grid_hw: HW, inject_inputs: DeformInputs, extract_inputs: DeformInputs,
-                c_shapes: Sequence[HW]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: patch tokens (B, h*w, C); prefix: the trunk's prefix (CLS) tokens (B, P, C), which
-        go through the trunk's blocks with them and are returned updated:
-        ``(x, c, prefix)``."""
-        x = self.injector(x, c, inject_inputs)
-        start, end = self.block_range
+    def forward(self, x: torch.Tensor, c: torch.Tensor, prefix: torch.Tensor,
+                blocks: Sequence[nn.Module],
+                layout: Layout) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: patch tokens (B, h*w, C); prefix: the trunk's prefix (CLS, register) tokens
+        (B, P, C), which go through the blocks with them and are returned updated."""
+        x = self.injector(x, c, layout.inject)
         p = prefix.shape[1]
-        seq = trunk.forward_blocks(torch.cat([prefix, x], dim=1), grid_hw, start, end)
+        seq = torch.cat([prefix, x], dim=1)
+        for block in blocks:
+            seq = block(seq, layout.grid, p)
         prefix, x = seq[:, :p], seq[:, p:]
-        c = self.extractor(c, x, extract_inputs, c_shapes)
+        c = self.extractor(c, x, layout.extract, layout.c_shapes)
         for extractor in self.extra_extractors or ():
-            c = extractor(c, x, extract_inputs, c_shapes)
+            c = extractor(c, x, layout.extract, layout.c_shapes)
         return x, c, prefix
 
 
@@ -428,6 +520,8 @@ class InteractionAdapter(nn.Module):
         out_channels: channels of the 4 outputs (a 1x1 conv projects when != embed_dims).
         norm_cfg: the output and SPM BatchNorms, ``dict(type='BN')`` or ``'SyncBN'``.
         init_values: initial value of the injectors' ``gamma``.
+        vit_stride: the trunk's patch size (16; any other, e.g. DINOv2's 14, places the
+            token grid by its stride in the image: module docstring).
     """
 
     def __init__(self, embed_dims: int, num_heads: int,
@@ -436,11 +530,12 @@ class InteractionAdapter(nn.Module):
                  cffn_ratio: float = 0.25, with_cffn: bool = True, drop_path_rate: float = 0.,
                  add_vit_feature: bool = True, use_extra_extractor: bool = True,
                  with_cp: bool = False, out_channels: Optional[int] = None,
-                 norm_cfg: Optional[dict] = None, init_values: float = 0.):
+                 norm_cfg: Optional[dict] = None, init_values: float = 0.,
+                 vit_stride: int = 16):
         super().__init__()
         for name, value in (('embed_dims', embed_dims), ('num_heads', num_heads),
                             ('in_channels', in_channels), ('conv_inplane', conv_inplane),
-                            ('n_points', n_points)):
+                            ('n_points', n_points), ('vit_stride', vit_stride)):
             check_positive_int(name, value)
         check_args(positive=dict(deform_ratio=deform_ratio),
                    optional_positive=dict(cffn_ratio=cffn_ratio if with_cffn else None),
@@ -463,6 +558,7 @@ class InteractionAdapter(nn.Module):
         self.out_channels = out_channels
         self.add_vit_feature = add_vit_feature
         self.init_values = init_values
+        self.vit_stride = vit_stride
         self.size_divisibility = 32  # the padding the builder applies (coarsest level: 32)
 
         self.level_embed = nn.Parameter(torch.zeros(3, embed_dims))
@@ -511,64 +607,67 @@ class InteractionAdapter(nn.Module):
                 nn.init.constant_(m.gamma, float(m.init_values))
         nn.init.normal_(self.level_embed)
 
-    def _check_trunk(self, img: torch.Tensor, trunk) -> None:
+    def _check_inputs(self, img: torch.Tensor, seq: torch.Tensor, grid, blocks,
+                      num_prefix: int) -> HW:
         if is_tracing():  # sizes are symbolic: checking them would pin them to the example
-            return
+            return tuple(grid)
         check_image_input(img, self.in_channels, name='img')
-        h_img, w_img = img.shape[-2:]
+        b, _, h_img, w_img = img.shape
         if h_img < 32 or w_img < 32 or h_img % 32 or w_img % 32:
             raise ValueError(f'img must be padded so H and W are positive multiples of 32, got '
                              f'H, W = {h_img}, {w_img}')
-        if not all(hasattr(trunk, name) for name in TRUNK_PROTOCOL):
-            raise TypeError(f'trunk must provide {", ".join(TRUNK_PROTOCOL)} (a '
-                            f'VisionTransformerTrunk), got {type(trunk).__name__}')
-
-    def _check_tokens(self, img: torch.Tensor, seq, grid_hw, num_prefix: int) -> HW:
-        if is_tracing():
-            return tuple(grid_hw)
-        b, _, h_img, w_img = img.shape
-        hw = tuple(int(v) for v in grid_hw)
-        if hw != (h_img // 16, w_img // 16):
-            raise ValueError(f'the trunk must embed img of shape {tuple(img.shape)} into a '
-                             f'stride-16 grid ({h_img // 16}, {w_img // 16}), got {grid_hw!r}')
+        if not isinstance(blocks, Sequence) and not isinstance(blocks, nn.ModuleList):
+            raise TypeError(f'blocks must be the trunk\'s blocks as a sequence (nn.ModuleList), '
+                            f'got {type(blocks).__name__}')
+        if len(blocks) != self.interaction_indexes[-1][1]:
+            raise ValueError(f'blocks: {len(blocks)} blocks given, interaction_indexes '
+                             f'{self.interaction_indexes} need {self.interaction_indexes[-1][1]}')
+        s = self.vit_stride
+        want = (-(-h_img // s), -(-w_img // s))
+        hw = tuple(int(v) for v in grid)
+        if hw != want:
+            raise ValueError(f'grid: the tokens of img {tuple(img.shape)} at vit_stride {s} '
+                             f'form a {want} grid, got {grid!r}')
         expected = (b, num_prefix + hw[0] * hw[1], self.embed_dims)
-        if tuple(seq.shape) != expected:
+        if not isinstance(seq, torch.Tensor) or tuple(seq.shape) != expected:
             raise ValueError(f'the trunk\'s tokens must be (B, prefix + h * w, embed_dims) = '
-                             f'{expected}, got {tuple(seq.shape)}')
+                             f'{expected}, got {tuple(getattr(seq, "shape", ()))}')
         return hw
 
-    def forward(self, img: torch.Tensor, trunk: nn.Module) -> Tuple[torch.Tensor, ...]:
-        """img: (B, C_in, H, W), H and W multiples of 32; ``trunk`` embeds it into a (H/16,
-        W/16) grid and runs its blocks group by group (``TRUNK_PROTOCOL``). Returns 4 maps
-        (B, out_channels, H/s, W/s), s = 4, 8, 16, 32."""
-        self._check_trunk(img, trunk)
-        seq, grid = trunk.prepare_tokens(img)
-        p = trunk.num_prefix_tokens
-        hw = self._check_tokens(img, seq, grid, p)
+    def forward(self, img: torch.Tensor, seq: torch.Tensor, grid: HW,
+                blocks: Sequence[nn.Module], num_prefix_tokens: int = 0
+                ) -> Tuple[torch.Tensor, ...]:
+        """img: (B, C_in, H, W), H and W multiples of 32; ``seq: (B, P + h*w, C)``, ``grid =
+        (h, w) = ceil((H, W) / vit_stride)``: the trunk's embedding of ``img``; ``blocks``: the
+        trunk's blocks (module docstring). Returns 4 maps (B, out_channels, H/s, W/s), s = 4,
+        8, 16, 32."""
+        hw = self._check_inputs(img, seq, grid, blocks, num_prefix_tokens)
+        p = num_prefix_tokens
         prefix, x = seq[:, :p], seq[:, p:]
         c1, *levels = self.spm(img)
-        c_shapes = [tuple(m.shape[-2:]) for m in levels]
+        c_shapes = tuple(tuple(m.shape[-2:]) for m in levels)
         c = maps_to_tokens([m + e[:, None, None] for m, e in zip(levels, self.level_embed)])
-        inject_inputs = deform_inputs([hw], c_shapes, img.device)
-        extract_inputs = deform_inputs(c_shapes, [hw], img.device)
+        s = self.vit_stride
+        if 32 % s == 0:  # the token grid covers the padded image exactly (original layout)
+            inject = deform_inputs([hw], c_shapes, img.device)
+            extract = deform_inputs(c_shapes, [hw], img.device)
+        else:  # e.g. stride 14: the grid covers 14 * ceil(H / 14) >= H pixels
+            img_hw = tuple(img.shape[-2:])
+            vit_hw = (hw[0] * s, hw[1] * s)
+            inject = deform_inputs([hw], c_shapes, img.device, vit_hw, [img_hw] * 3)
+            extract = deform_inputs(c_shapes, [hw], img.device, img_hw, [vit_hw])
+        layout = Layout(hw, c_shapes, inject, extract)
 
         for block in self.interactions:
-            x, c, prefix = block(x, c, prefix, trunk, hw, inject_inputs, extract_inputs,
-                                 c_shapes)
+            start, end = block.block_range
+            x, c, prefix = block(x, c, prefix, blocks[start:end], layout)
 
         c2, c3, c4 = tokens_to_maps(c, c_shapes)
         feats = [c1 + self.up(c2), c2, c3, c4]
         if self.add_vit_feature:
             vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw)
-            feats = [
-                f + (vit if f.shape[-2:] == vit.shape[-2:] else F.interpolate(
-                    vit, size=f.shape[-2:], mode='bilinear', align_corners=False))
-                for f in feats
-            ]
+            feats = [f + resample_by_stride(vit, s, stride, tuple(f.shape[-2:]), 32 % s == 0)
+                     for f, stride in zip(feats, (4, 8, 16, 32))]
         return tuple(
             getattr(self, f'norm{i + 1}')(proj(f))
             for i, (proj, f) in enumerate(zip(self.out_projs, feats)))
-
-    def pyramid(self, trunk: nn.Module, img: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """The builder's entry point (same as :class:`SimpleFeaturePyramid`'s)."""
-        return self(img, trunk)

@@ -69,7 +69,7 @@ def hybrid_arch_of(sd: StateDict) -> dict:
 
 
 def hybrid_model_arch(model) -> dict:
-    return dict(cnn_depths=tuple(model.patch_embed.backbone.depths), **vit_model_arch(model))
+    return dict(cnn_depths=tuple(model.cnn_depths), **vit_model_arch(model))
 
 
 # The ViT family's rules (pos-embed, rel-pos tables) with the hybrid's layout and probe. A timm
