@@ -13,6 +13,9 @@ from .arch import (linear_drop_path, resolve_arch, resolve_indices, validate_sta
 from .mlp import FcNamedFFN
 from .norm import LayerNorm2d, build_act, build_batch_norm, build_layer_norm, group_norm
 from .stems import MaxPool2dSame, StdConv2d, pad_same, same_padding, standardize_weight
+from .cosine_window import (LOGIT_SCALE_MAX, CosineWindowAttention, ShiftWindowMSAV2,
+                            continuous_position_bias, cpb_mlp, log_spaced_relative_coords,
+                            pretrained_window_of)
 
 __all__ = [
     'Attention', 'WindowAttention', 'FFN', 'DropPath', 'drop_path_schedule', 'ConvStem',
@@ -24,7 +27,9 @@ __all__ = [
     'window_partition', 'window_reverse', 'linear_drop_path', 'resolve_arch', 'resolve_indices',
     'validate_stages', 'window_and_shift', 'FcNamedFFN', 'LayerNorm2d', 'build_act',
     'build_batch_norm', 'build_layer_norm', 'group_norm', 'MaxPool2dSame', 'StdConv2d',
-    'pad_same', 'same_padding', 'standardize_weight'
+    'pad_same', 'same_padding', 'standardize_weight', 'LOGIT_SCALE_MAX', 'CosineWindowAttention',
+    'ShiftWindowMSAV2', 'continuous_position_bias', 'cpb_mlp', 'log_spaced_relative_coords',
+    'pretrained_window_of'
 ]
 
 # DINOv3's 2-D RoPE and SAM's neck (helper H6)

@@ -102,10 +102,12 @@ class PatchMerging(nn.Module):
       (1,1)][k] * C + c``.
 
     Input and output are channels-last: ``(B, ..., H, W, C) -> (B, ..., H', W', out)``.
+    ``norm_after``: Swin V2's order, ``norm(reduction(x))`` with the norm over ``out_channels``
+    (V1: ``reduction(norm(x))``, the norm over the 4C merged channels).
     """
 
     def __init__(self, in_channels: int, out_channels: Optional[int] = None,
-                 stride: int = 2, channel_order: str = 'unfold'):
+                 stride: int = 2, channel_order: str = 'unfold', norm_after: bool = False):
         super().__init__()
         if channel_order not in ('unfold', 'microsoft'):
             raise ValueError(f"channel_order must be 'unfold' or 'microsoft', got {channel_order!r}")
@@ -115,7 +117,8 @@ class PatchMerging(nn.Module):
             raise ValueError(f'PatchMerging supports stride 2 only, got {stride!r}')
         out_channels = out_channels or 2 * in_channels
         self.channel_order = channel_order
-        self.norm = nn.LayerNorm(4 * in_channels)
+        self.norm_after = norm_after
+        self.norm = nn.LayerNorm(out_channels if norm_after else 4 * in_channels)
         self.reduction = Linear(4 * in_channels, out_channels, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,4 +135,6 @@ class PatchMerging(nn.Module):
         else:
             order = (*range(nl), hdim, wdim, dx, dy, cdim)
         x = x.permute(*order).reshape(*lead, h // 2, w // 2, 4 * c)
+        if self.norm_after:
+            return self.norm(self.reduction(x))
         return self.reduction(self.norm(x))

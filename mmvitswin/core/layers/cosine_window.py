@@ -1,0 +1,190 @@
+"""Swin V2 window attention: scaled cosine attention with a log-spaced continuous position bias.
+
+- :func:`log_spaced_relative_coords`: the ``(prod(2w - 1), 2)`` table of relative offsets the
+  position-bias MLP reads, ``sign(d) * log2(1 + 8 |d| / (p - 1)) / 3`` per axis, where ``p`` is
+  the *pretrained* window (the window the MLP was trained at) or, without one, the window.
+  Keeping ``p`` fixed while the window grows is how a window-8 checkpoint runs at window 16/24:
+  the offsets it saw map to the same inputs, larger offsets extrapolate smoothly, and no table
+  is resampled.
+- :func:`continuous_position_bias`: ``16 * sigmoid(mlp(coords))`` gathered to ``(heads, N, N)``,
+  always computed in fp32 (outside autocast): it is small, bounded, and fp16 would round it.
+- :class:`CosineWindowAttention`: ``softmax(cos(q, k) * exp(min(logit_scale, log 100)) + bias +
+  mask) v`` inside windows. The qkv projection has no bias of its own but ``q_bias`` and
+  ``v_bias`` (no key bias), as every released Swin V2. q and k are normalised in fp32, so
+  zero-padded tokens (k = 0) stay finite in fp16.
+- :class:`ShiftWindowMSAV2`: the (shifted-)window wrapper (``w_msa``, mmpretrain's key names)
+  over :func:`~.shifted_window.shifted_window_attention` (padding before the cyclic shift, the
+  -100 shift mask), shared with the V1 Swin.
+"""
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..compat import is_autocast_enabled
+from .arch import window_and_shift
+from .attention import Attention
+from .linear import linear
+from .shifted_window import shifted_window_attention
+from .window import relative_position_index
+
+__all__ = ['LOGIT_SCALE_MAX', 'log_spaced_relative_coords', 'pretrained_window_of', 'cpb_mlp',
+           'continuous_position_bias', 'CosineWindowAttention', 'ShiftWindowMSAV2']
+
+#: Upper clamp of the learnt per-head logit scale (the paper's ``log(1 / 0.01)``: at most 100).
+LOGIT_SCALE_MAX = math.log(1. / 0.01)
+
+
+def log_spaced_relative_coords(window: Sequence[int],
+                               pretrained_window: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """Log-spaced relative coordinates ``(prod(2 w_i - 1), ndim)`` float32, rows in the order
+    of :func:`~.window.relative_position_index` (row-major over the offsets).
+
+    Offsets ``d`` in ``[-(w - 1), w - 1]`` per axis are scaled so that ``|d| = p - 1`` maps to
+    8 (``p``: ``pretrained_window`` where given and > 0, else ``window``; a window of 1 has
+    only offset 0), then ``sign * log2(1 + |.|) / log2(8)``.
+    """
+    window = tuple(window)
+    ref = tuple(pretrained_window) if pretrained_window is not None else (0, ) * len(window)
+    axes = [torch.arange(-(w - 1), w, dtype=torch.float32) for w in window]
+    coords = torch.stack(torch.meshgrid(*axes, indexing='ij'), dim=-1).reshape(-1, len(window))
+    span = torch.tensor([max((p if p > 0 else w) - 1, 1) for w, p in zip(window, ref)],
+                        dtype=torch.float32)
+    coords = coords * (8. / span)
+    return torch.sign(coords) * torch.log2(coords.abs() + 1.) / math.log2(8)
+
+
+def cpb_mlp(num_heads: int, hidden_dims: int = 512) -> nn.Sequential:
+    """The position-bias MLP ``2 -> hidden -> heads`` (ReLU, no output bias): indices 0 and 2
+    are the released checkpoints' ``cpb_mlp.0`` / ``cpb_mlp.2``."""
+    return nn.Sequential(nn.Linear(2, hidden_dims), nn.ReLU(inplace=True),
+                         nn.Linear(hidden_dims, num_heads, bias=False))
+
+
+def continuous_position_bias(mlp: nn.Module, coords: torch.Tensor,
+                             index: torch.Tensor) -> torch.Tensor:
+    """``16 * sigmoid(mlp(coords))`` gathered by ``index`` ``(N, N)`` -> ``(heads, N, N)``
+    float32. The sigmoid runs on the ``(rows, heads)`` table before the gather (N*N rows)."""
+    weight = mlp[0].weight
+    device = coords.device.type
+    if is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            table = mlp(coords.to(weight.dtype))
+    else:
+        table = mlp(coords.to(weight.dtype))
+    table = 16. * torch.sigmoid(table.float())
+    n = index.shape[0]
+    return table.index_select(0, index.reshape(-1)).view(n, n, -1).permute(2, 0, 1)
+
+
+class CosineWindowAttention(Attention):
+    """Swin V2 attention inside windows of ``window`` tokens (see module docstring).
+
+    Parameters (mmpretrain's ``WindowMSAV2`` / Microsoft's names): ``qkv.weight`` (no bias),
+    ``q_bias``, ``v_bias`` (with ``qkv_bias``), ``logit_scale`` ``(heads, 1, 1)``, ``cpb_mlp``,
+    ``proj``. Buffers (derived, not saved): ``relative_coords_table`` and
+    ``relative_position_index``, rebuilt from ``window`` / ``pretrained_window``.
+
+    ``forward(x: (B * nW, N, C), mask: (nW, N, N) or None) -> (B * nW, N, C)``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window: Sequence[int],
+                 pretrained_window: Optional[Sequence[int]] = None, qkv_bias: bool = True,
+                 attn_drop: float = 0., proj_drop: float = 0., cpb_hidden_dims: int = 512,
+                 use_sdpa: bool = True):
+        # the cosine logits carry their own (learnt) scale: the product is not rescaled
+        super().__init__(dim, num_heads, qkv_bias=False, qk_scale=1., attn_drop=attn_drop,
+                         proj_drop=proj_drop, use_sdpa=use_sdpa)
+        self.window = tuple(window)
+        self.pretrained_window = (tuple(pretrained_window) if pretrained_window is not None
+                                  else (0, ) * len(self.window))
+        if qkv_bias:
+            self.q_bias = nn.Parameter(torch.zeros(dim))
+            self.v_bias = nn.Parameter(torch.zeros(dim))
+        else:
+            self.q_bias = self.v_bias = None
+        self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), math.log(10.)))
+        self.cpb_mlp = cpb_mlp(num_heads, cpb_hidden_dims)
+        self.register_buffer('relative_coords_table',
+                             log_spaced_relative_coords(self.window, self.pretrained_window),
+                             persistent=False)
+        self.register_buffer('relative_position_index', relative_position_index(self.window),
+                             persistent=False)
+
+    def qkv_bias(self) -> Optional[torch.Tensor]:
+        """``[q_bias, 0, v_bias]`` (the key has no bias), or None."""
+        if self.q_bias is None:
+            return None
+        return torch.cat([self.q_bias, torch.zeros_like(self.v_bias), self.v_bias])
+
+    def position_bias(self) -> torch.Tensor:
+        """The continuous position bias ``(heads, N, N)`` float32 of this window."""
+        return continuous_position_bias(self.cpb_mlp, self.relative_coords_table,
+                                        self.relative_position_index)
+
+    def _attend(self, q, k, v, bias):
+        """Cosine logits: q and k unit-normalised (in fp32) and q scaled per head, then the
+        plain attention with a unit scale. Heads may share a dim with windows (``(..., nW *
+        heads, N, d)``): the scale broadcasts over the heads' position in that dim."""
+        scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().float()
+        q_unit = F.normalize(q.float(), dim=-1).unflatten(-3, (-1, self.num_heads))
+        q = (q_unit * scale).flatten(-4, -3).to(v.dtype)
+        k = F.normalize(k.float(), dim=-1).to(v.dtype)
+        return super()._attend(q, k, v, bias)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        bw, n, _ = x.shape
+        nw = 1 if mask is None else mask.shape[0]
+        heads, head_dim = self.num_heads, self.head_dim
+        bias = self.position_bias()
+        if mask is not None:  # one bias per window and head: (nW, heads, N, N)
+            bias = bias.unsqueeze(0) + mask.float().unsqueeze(1)
+        qkv = linear(x, self.qkv.weight, self.qkv_bias())
+        # windows and heads share one dim: 4-D inputs keep SDPA on its fused kernel, and the
+        # (1, nW * heads, N, N) bias broadcasts over the images without a copy
+        q, k, v = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
+            .reshape(3, bw // nw, nw * heads, n, head_dim).unbind(0)
+        out = self.attend(q, k, v, bias.reshape(1, nw * heads, n, n))
+        return self.out_proj(out.reshape(bw, heads, n, head_dim))
+
+
+class ShiftWindowMSAV2(nn.Module):
+    """W-MSA (``shift`` all zero) or SW-MSA of :class:`CosineWindowAttention` over
+    ``x: (B, H, W, C)``; the attention module is ``w_msa`` (mmpretrain's keys)."""
+
+    def __init__(self, embed_dims: int, num_heads: int, window: Sequence[int],
+                 shift: Sequence[int], pretrained_window: Optional[Sequence[int]] = None,
+                 qkv_bias: bool = True, attn_drop: float = 0., proj_drop: float = 0.,
+                 cpb_hidden_dims: int = 512):
+        super().__init__()
+        self.window, self.shift = window_and_shift(window, shift)
+        self.w_msa = CosineWindowAttention(embed_dims, num_heads, self.window, pretrained_window,
+                                           qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                           proj_drop=proj_drop, cpb_hidden_dims=cpb_hidden_dims)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return shifted_window_attention(x, self.w_msa, self.window, self.shift)
+
+
+def pretrained_window_of(table: torch.Tensor) -> Tuple[int, ...]:
+    """The window ``p`` a saved ``relative_coords_table`` was normalised to (its offset 1 along
+    each axis reads ``log2(1 + 8 / (p - 1)) / 3``); 0 along an axis of window 1 (no offsets).
+
+    ``table``: ``(1, 2w_0 - 1, 2w_1 - 1, 2)`` as Microsoft/mmpretrain save it, or ``(rows, 2)``
+    with the window given by the rows (square).
+    """
+    grid = table.reshape(table.shape[-3], table.shape[-2], 2).float() if table.dim() >= 3 else \
+        table.float().reshape(int(round(table.shape[0]**0.5)), -1, 2)
+    out = []
+    for axis in range(2):
+        side = grid.shape[axis]
+        if side < 3:
+            out.append(0)
+            continue
+        centre = [(grid.shape[0] - 1) // 2, (grid.shape[1] - 1) // 2]
+        centre[axis] += 1
+        value = float(grid[centre[0], centre[1], axis])
+        out.append(int(round(8. / (2.**(3. * value) - 1.) + 1.)))
+    return tuple(out)
