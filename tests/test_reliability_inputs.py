@@ -14,39 +14,28 @@ from mmvitswin.core.backbones.swin import SwinTransformer
 from mmvitswin.core.backbones.swin3d import SwinTransformer3D
 from mmvitswin.core.backbones.vit import SimpleFeaturePyramid, ViTAdapter
 
-# ------------------------------------------------------------------------ tiny backbones
+from zoo import ZOO, create_model, list_models, params
+
+# ------------------------------------------------------------ tiny configs (bad-config cases)
 SWIN = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1), window_size=4)
 VIT = dict(arch='tiny', embed_dims=32, num_layers=2, num_heads=2, mlp_ratio=2., img_size=64)
-VIT_SIMPLE = dict(VIT, adapter='simple', adapter_cfg=dict(out_channels=16))
-VIT_INTERACTION = dict(arch='tiny', embed_dims=24, num_layers=4, num_heads=2, mlp_ratio=2.,
-                       img_size=64, adapter='interaction',
-                       adapter_cfg=dict(num_heads=2, conv_inplane=8, n_points=2))
 HYBRID = dict(arch='tiny', embed_dims=32, num_layers=1, num_heads=1, mlp_ratio=2., img_size=64,
               cnn_depths=(1, 1, 1), cnn_channels=(256, 256, 256), stem_channels=64)
 SWIN3D = dict(arch=dict(embed_dims=16, depths=(1, 1), num_heads=(1, 1)), patch_size=(1, 4, 4),
               window_size=(2, 4, 4), out_indices=(0, 1))
 
-BACKBONES = {
-    'swin': (SwinTransformer, SWIN, 4),
-    'vit': (ViTAdapter, VIT, 4),
-    'vit_simple': (ViTAdapter, VIT_SIMPLE, 4),
-    'vit_interaction': (ViTAdapter, VIT_INTERACTION, 4),
-    'hybrid': (HybridViT, HYBRID, 4),
-    'swin3d': (SwinTransformer3D, SWIN3D, 5),
-}
+# the input cases run on every backbone of the zoo (tests/zoo.py)
 _CACHE = {}
 
 
 def backbone(name):
     if name not in _CACHE:
-        cls, cfg, _ = BACKBONES[name]
-        torch.manual_seed(0)
-        _CACHE[name] = cls(**cfg).eval()
+        _CACHE[name] = create_model(name).eval()
     return _CACHE[name]
 
 
 def image(name, b=1, c=3, hw=(20, 28), dtype=torch.float32):
-    size = (b, c, 2) + hw if BACKBONES[name][2] == 5 else (b, c) + hw
+    size = (b, c, 2) + hw if ZOO[name].video else (b, c) + hw
     return torch.randn(size, dtype=dtype)
 
 
@@ -56,7 +45,7 @@ def as_tuple(out):
 
 # ----------------------------------------------------------------------------- bad inputs
 def _bad_inputs(name):
-    five = BACKBONES[name][2] == 5
+    five = ZOO[name].video
     rank = '5-D' if five else '4-D'
     wrong_rank = torch.randn(1, 3, 2, 20, 28)[0] if five else torch.randn(3, 20, 28)
     empty_spatial = torch.randn(1, 3, 2, 0, 28) if five else torch.randn(1, 3, 0, 28)
@@ -77,7 +66,7 @@ def _bad_inputs(name):
     ]
 
 
-BAD_INPUT_CASES = [(name, case) for name in BACKBONES for case in range(9)]
+BAD_INPUT_CASES = [(name, case) for name in list_models(contract='inputs') for case in range(9)]
 
 
 @pytest.mark.parametrize('name,case', BAD_INPUT_CASES,
@@ -92,7 +81,7 @@ def test_bad_input_is_refused_at_the_boundary(name, case):
 
 
 # ---------------------------------------------------------------- valid but unusual inputs
-@pytest.mark.parametrize('name', list(BACKBONES))
+@pytest.mark.parametrize('name', params('inputs'))
 def test_unusual_valid_inputs_equal_the_ordinary_case(name):
     model = backbone(name)
     x = image(name, b=2)
@@ -121,7 +110,7 @@ def test_unusual_valid_inputs_equal_the_ordinary_case(name):
         assert all(t.shape == r.shape for t, r in zip(out, ref))
 
 
-@pytest.mark.parametrize('name', ['swin', 'vit', 'hybrid', 'swin3d'])
+@pytest.mark.parametrize('name', params('inputs'))
 def test_mixed_dtypes_allowed_under_autocast_and_in_a_cast_model(name):
     model = backbone(name)
     x = image(name)
@@ -136,9 +125,7 @@ def test_mixed_dtypes_allowed_under_autocast_and_in_a_cast_model(name):
             assert a.shape == b.shape and torch.isfinite(a.float()).all()
             torch.testing.assert_close(a.float(), b, rtol=0.1, atol=0.1)
         assert all(a.shape == b.shape for a, b in zip(out16, ref))
-        cls, cfg, _ = BACKBONES[name]
-        torch.manual_seed(0)
-        bf16 = cls(**cfg).eval().to(torch.bfloat16)  # a model cast as a whole takes its dtype
+        bf16 = create_model(name).eval().to(torch.bfloat16)  # a model cast as a whole takes its dtype
         out = as_tuple(bf16(x.to(torch.bfloat16)))
         assert all(t.dtype == torch.bfloat16 and t.shape == r.shape for t, r in zip(out, ref))
         with pytest.raises(TypeError, match='torch.float32.*torch.bfloat16'):
