@@ -8,6 +8,19 @@ Formats (detected from the keys, no flag needed):
   ``patch_embed.proj``, ``attn_mask`` buffers, ``head``), also timm < 0.9; downsample at the
   **end** of stage s, merged channels neighbour-major.
 - ``timm``: timm >= 0.9, the same names but each downsample at the **start** of stage s+1.
+- ``hf``: HuggingFace ``transformers`` ``SwinModel``, ``SwinBackbone`` and
+  ``SwinForImageClassification`` (with or without the ``swin.`` prefix), hub names
+  (``attention.self.query``, ``attention.output.dense``, ``intermediate.dense``,
+  ``output.dense``) and transformers 5 names (``attention.q_proj``/``k_proj``/``v_proj``/
+  ``o_proj``, ``attention.relative_position_bias.*``, ``mlp.fc1``/``fc2``). q/k/v are joined
+  into ``qkv``; ``SwinBackbone``'s ``hidden_states_norms.stage{i+1}`` become ``norm{i}``;
+  its patch merging concatenates ``x[0::2, 0::2], x[1::2, 0::2], x[0::2, 1::2],
+  x[1::2, 1::2]`` exactly as Microsoft's, so the same reorder to ``nn.Unfold`` order applies.
+  ``SwinModel``'s final ``layernorm`` is left unused, as mmdet leaves Microsoft's ``norm``
+  (``SwinBackbone`` carries it too but applies ``hidden_states_norms.stage4`` instead: there
+  it is dropped).
+  ``relative_position_index`` is derived, never read. A ``config.json`` beside the weights
+  is checked against the model (:func:`swin_config_arch`).
 """
 import re
 from collections import OrderedDict
@@ -27,9 +40,93 @@ _BLOCK_RENAMES = (
 )
 
 
+_HF_EMBED = 'embeddings.patch_embeddings.projection.weight'
+# (HF block-relative name, Microsoft name); hub names first, then transformers 5's. Applied
+# to the part after ``blocks.{b}.``, first match wins ('attention.output.dense' before
+# 'output.dense').
+_HF_BLOCK_RENAMES = (
+    ('layernorm_before.', 'norm1.'),
+    ('layernorm_after.', 'norm2.'),
+    ('attention.self.relative_position_bias_table', 'attn.relative_position_bias_table'),
+    ('attention.relative_position_bias.relative_position_bias_table',
+     'attn.relative_position_bias_table'),
+    ('attention.output.dense.', 'attn.proj.'),
+    ('attention.o_proj.', 'attn.proj.'),
+    ('intermediate.dense.', 'mlp.fc1.'),
+    ('output.dense.', 'mlp.fc2.'),
+    ('mlp.fc1.', 'mlp.fc1.'),
+    ('mlp.fc2.', 'mlp.fc2.'),
+)
+_HF_QKV = (('attention.self.query.', 'attention.self.key.', 'attention.self.value.'),
+           ('attention.q_proj.', 'attention.k_proj.', 'attention.v_proj.'))
+
+
+def _strip_hf_prefix(sd: StateDict) -> StateDict:
+    """``swin.`` (SwinForImageClassification, transformers 5's SwinBackbone) removed."""
+    return OrderedDict((k[len('swin.'):] if k.startswith('swin.') else k, v)
+                       for k, v in sd.items())
+
+
+def hf_to_microsoft(sd: StateDict) -> StateDict:
+    """HuggingFace Swin keys -> Microsoft's (``layers.{s}.blocks.{b}.attn.qkv`` & co, downsample
+    at the end of its stage, merged channels in Microsoft's neighbour order: HF's too).
+    ``hidden_states_norms.stage{i+1}`` -> ``norm{i}`` (our names already); everything else
+    this layout does not know (``classifier``, ``SwinModel``'s ``layernorm``, ``mask_token``,
+    ``hidden_states_norms.stem``) keeps its name and is reported unused; ``SwinBackbone``'s
+    ``layernorm`` (never applied there) is dropped."""
+    sd = _strip_hf_prefix(sd)
+    # SwinBackbone carries SwinModel's final layernorm but never applies it (its stage norms
+    # replace it): not a leftover worth reporting
+    backbone = any(k.startswith('hidden_states_norms.') for k in sd)
+    out: StateDict = OrderedDict()
+    blocks: Dict[str, Dict[str, torch.Tensor]] = OrderedDict()
+    for key, value in sd.items():
+        if key.endswith(DERIVED_KEYS) or (backbone and key.startswith('layernorm.')):
+            continue
+        m = re.match(r'encoder\.layers\.(\d+)\.(blocks\.\d+)\.(.*)', key)
+        if m is not None:
+            head, rest = f'layers.{m.group(1)}.{m.group(2)}', m.group(3)
+            qkv = next(((i, name) for names in _HF_QKV for i, name in enumerate(names)
+                        if rest.startswith(name)), None)
+            if qkv is not None:  # joined below, in q, k, v order
+                i, name = qkv
+                blocks.setdefault(f'{head}.attn.qkv.{rest[len(name):]}', {})[i] = value
+                continue
+            for old, new in _HF_BLOCK_RENAMES:
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out[f'{head}.{rest}'] = value
+            continue
+        m = re.match(r'encoder\.layers\.(\d+)\.(downsample\..*)', key)
+        if m is not None:
+            out[f'layers.{m.group(1)}.{m.group(2)}'] = value
+            continue
+        m = re.match(r'hidden_states_norms\.stage(\d+)\.(.*)', key)
+        if m is not None and int(m.group(1)) >= 1:
+            out[f'norm{int(m.group(1)) - 1}.{m.group(2)}'] = value
+            continue
+        renamed = {'embeddings.patch_embeddings.projection.weight': 'patch_embed.proj.weight',
+                   'embeddings.patch_embeddings.projection.bias': 'patch_embed.proj.bias',
+                   'embeddings.norm.weight': 'patch_embed.norm.weight',
+                   'embeddings.norm.bias': 'patch_embed.norm.bias',
+                   'embeddings.position_embeddings': 'absolute_pos_embed'}.get(key, key)
+        out[renamed] = value
+    for key, parts in blocks.items():
+        if sorted(parts) != [0, 1, 2]:
+            have = ', '.join('qkv'[i] for i in sorted(parts))
+            raise ValueError(f'{key}: the checkpoint has only the {have} projection(s) of '
+                             f'this attention (a truncated or filtered state dict?)')
+        out[key] = torch.cat([parts[0], parts[1], parts[2]], dim=0)
+    return out
+
+
 def detect_swin_format(sd: StateDict) -> str:
-    """Return 'mmdet', 'microsoft' or 'timm'; ValueError for anything else."""
+    """Return 'mmdet', 'microsoft', 'timm' or 'hf'; ValueError for anything else."""
     keys = set(sd)
+    if _HF_EMBED in keys or f'swin.{_HF_EMBED}' in keys or any(
+            k.startswith(('encoder.layers.', 'swin.encoder.layers.')) for k in keys):
+        return 'hf'
     if any(k.startswith('stages.') for k in keys) or 'patch_embed.projection.weight' in keys:
         return 'mmdet'
     if any(k.startswith('layers.') and '.blocks.' in k for k in keys):
@@ -39,8 +136,8 @@ def detect_swin_format(sd: StateDict) -> str:
             return 'timm'
         return 'microsoft'  # a single-stage model: the two layouts agree
     sample = sorted(keys)[:6]
-    raise ValueError(f'unrecognised Swin checkpoint format; expected mmdet/mmseg, Microsoft or '
-                     f'timm keys, got e.g. {sample}')
+    raise ValueError(f'unrecognised Swin checkpoint format; expected mmdet/mmseg, Microsoft, '
+                     f'timm or HuggingFace keys, got e.g. {sample}')
 
 
 def unfold_order_from_microsoft(t: torch.Tensor) -> torch.Tensor:
@@ -63,6 +160,8 @@ def convert_swin_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
     fmt = detect_swin_format(sd)
     if fmt == 'mmdet':
         return OrderedDict(sd), fmt
+    if fmt == 'hf':
+        sd = hf_to_microsoft(sd)
     out = OrderedDict()
     for key, value in sd.items():
         if key.endswith(DERIVED_KEYS):
@@ -111,6 +210,38 @@ def swin_model_arch(model) -> Dict[str, object]:
     return dict(embed_dims=model.arch_settings['embed_dims'], depths=tuple(model.depths))
 
 
+def swin2d_model_arch(model) -> Dict[str, object]:
+    """The 2-D Swin's probe fields: :func:`swin_model_arch` plus those a HuggingFace
+    ``config.json`` states (:func:`swin_config_arch`)."""
+    block = next((b for stage in model.stages for b in stage.blocks), None)
+    fc1 = None if block is None else block.ffn.layers[0][0].weight
+    return dict(swin_model_arch(model), num_heads=tuple(model.num_heads),
+                patch_size=model.patch_size, in_channels=model.in_channels,
+                use_abs_pos_embed=model.use_abs_pos_embed,
+                mlp_ratio=None if fc1 is None else fc1.shape[0] / fc1.shape[1],
+                qkv_bias=None if block is None else block.attn.w_msa.qkv.bias is not None,
+                layer_norm_eps=None if block is None else block.norm1.eps)
+
+
+def swin_config_arch(config: dict) -> Dict[str, object]:
+    """The architecture a HuggingFace ``SwinConfig`` (``config.json``, ``model_type`` 'swin')
+    states, under :func:`swin2d_model_arch`'s field names; ``{}`` for another model type.
+    The window is not compared: a table is resized to the model's window, as for any file."""
+    if config.get('model_type', 'swin') != 'swin':
+        return {}
+
+    def tup(name):
+        value = config.get(name)
+        return tuple(value) if isinstance(value, (list, tuple)) else None
+
+    return dict(embed_dims=config.get('embed_dim'), depths=tup('depths'),
+                num_heads=tup('num_heads'), patch_size=config.get('patch_size'),
+                in_channels=config.get('num_channels'),
+                use_abs_pos_embed=config.get('use_absolute_embeddings'),
+                mlp_ratio=config.get('mlp_ratio'), qkv_bias=config.get('qkv_bias'),
+                layer_norm_eps=config.get('layer_norm_eps'))
+
+
 def resize_bias_table(key: str, value: torch.Tensor, own: torch.Tensor, model,
                       source_window=None) -> torch.Tensor:
     """A relative-position bias table ``(rows, heads)`` resized to the model's window; the
@@ -134,10 +265,20 @@ def _resize_abs_pos_embed(key: str, value: torch.Tensor, own: torch.Tensor, mode
     return resize_pos_embed(value, src, model.pretrain_grid)
 
 
+# Keys of a file that a model built without the feature has no place for: refused, since
+# dropping them would give wrong features (the stage norms of stages not returned are not
+# here: those stages' outputs are simply not computed).
+SWIN_UNREPRESENTABLE = (
+    (r'^absolute_pos_embed$', 'an absolute position embedding', 'use_abs_pos_embed=True'),
+    (r'^patch_embed\.norm\.', 'a LayerNorm after the patch embedding', 'patch_norm=True'),
+    (r'\.attn\.w_msa\.qkv\.bias$', 'q/k/v biases', 'qkv_bias=True'),
+)
+
 SWIN_CHECKPOINTS = CheckpointFamily(
-    'Swin', convert_swin_state_dict, swin_arch_of, swin_model_arch,
+    'Swin', convert_swin_state_dict, swin_arch_of, swin2d_model_arch,
     resize=((r'relative_position_bias_table$', resize_bias_table),
-            (r'^absolute_pos_embed$', _resize_abs_pos_embed)))
+            (r'^absolute_pos_embed$', _resize_abs_pos_embed)),
+    config_probe=swin_config_arch, unrepresentable=SWIN_UNREPRESENTABLE)
 
 
 def adapt_swin_state_dict(sd: StateDict, model) -> StateDict:
