@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 
 import mmvitswin  # noqa: F401
-from mmvitswin.openmmlab.engine.amp import (AmpTestLoop, CPUAmpOptimWrapper, _upcast, apply_amp,
-                                  cpu_bf16_support, mmcv_ops_accept_bf16_on_cpu,
-                                  resolve_amp_dtype)
+from mmvitswin.openmmlab.engine.amp import (AmpTestLoop, CPUAmpOptimWrapper, apply_amp,
+                                            cpu_bf16_support, keep_mmcv_ops_fp32,
+                                            resolve_amp_dtype, samples_to_fp32)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_swin_nano_shapes.py')
@@ -141,22 +141,78 @@ def test_inference_in_bf16_autocast_and_cast_model():
         assert (c.float() - r).abs().max() < 0.1 * scale
 
 
-def test_mmcv_ops_take_bf16_on_cpu():
-    from mmcv.ops import RoIAlign, nms
-    mmcv_ops_accept_bf16_on_cpu()
-    assert mmcv_ops_accept_bf16_on_cpu() == 0  # idempotent
-    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.], [20., 20., 30., 30.]])
-    scores = torch.tensor([0.9, 0.8, 0.7])
-    dets, keep = nms(boxes.bfloat16(), scores.bfloat16(), 0.5)
-    assert keep.tolist() == [0, 2] and dets.dtype == torch.bfloat16
-    feats = torch.randn(1, 4, 16, 16, requires_grad=True)
-    rois = torch.tensor([[0., 1., 1., 9., 9.]])
-    ref = RoIAlign((3, 3), 1.0, 2)(feats, rois)
+class _RoIPool(nn.Module):
+    """Features -> mmcv RoIAlign -> a linear layer: a model whose mmcv op sees bf16."""
+
+    def __init__(self):
+        super().__init__()
+        from mmcv.ops import RoIAlign
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(4, 4, 1)
+        self.roi = RoIAlign((3, 3), 1.0, 2)
+        self.fc = nn.Linear(36, 2)
+
+    def forward(self, feats, rois):
+        x = self.conv(feats)
+        pooled = x.new_zeros((rois.shape[0], 4, 3, 3))  # mmdet's RoI extractor does this
+        pooled[:] = self.roi(x, rois.to(x.dtype))
+        return self.fc(pooled.flatten(1))
+
+
+def test_mmcv_op_modules_take_bf16_through_the_wrapper():
+    model = _RoIPool()
+    feats = torch.randn(1, 4, 16, 16)
+    rois = torch.tensor([[0., 1., 1., 9., 9.], [0., 4., 2., 15., 12.]])
+    ref = model(feats, rois)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        low = RoIAlign((3, 3), 1.0, 2)(feats.bfloat16(), rois.bfloat16())
-    assert low.dtype == torch.bfloat16 and (low.float() - ref).abs().max() < 0.05
-    low.float().sum().backward()
-    assert feats.grad.dtype == torch.float32 and torch.isfinite(feats.grad).all()
+        with pytest.raises(RuntimeError, match='BFloat16'):  # mmcv's CPU kernel has no bf16
+            model(feats, rois)
+    wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with wrapper.optim_context(model):  # guards the model it trains, then autocasts
+        out = model(feats, rois)
+    assert out.dtype == torch.bfloat16 and (out.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    out.float().sum().backward()
+    assert model.conv.weight.grad.dtype == torch.float32
+    assert torch.isfinite(model.conv.weight.grad).all() and model.conv.weight.grad.abs().sum() > 0
+    assert keep_mmcv_ops_fp32(model) == 0  # idempotent
+    from mmcv.ops import RoIAlign
+    other = RoIAlign((3, 3), 1.0, 2)  # a module the wrapper never saw is left as it is
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match='BFloat16'):
+            other(feats.bfloat16(), rois.bfloat16())
+
+
+def _rpn_head():
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.config import ConfigDict
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        return DET_MODELS.build(dict(
+            type='RPNHead', in_channels=8, feat_channels=8,
+            anchor_generator=dict(type='AnchorGenerator', scales=[4], ratios=[1.0],
+                                  strides=[4]),
+            bbox_coder=dict(type='DeltaXYWHBBoxCoder', target_means=[0.] * 4,
+                            target_stds=[1.] * 4),
+            test_cfg=ConfigDict(nms_pre=50, max_per_img=10, min_bbox_size=0,
+                                nms=dict(type='nms', iou_threshold=0.7))))
+
+
+def test_mmdet_heads_hand_fp32_to_mmcv_nms():
+    """RPN proposals under CPU bf16 autocast: mmcv's nms needs fp32 boxes and scores."""
+    from mmdet.structures import DetDataSample
+    torch.manual_seed(0)
+    head = _rpn_head().eval()
+    feats = (torch.randn(1, 8, 8, 8), )
+    samples = [DetDataSample(metainfo=dict(img_shape=(32, 32), scale_factor=(1., 1.)))]
+    with torch.no_grad():
+        ref = head.predict(feats, samples)[0]
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            with pytest.raises(RuntimeError, match='BFloat16'):
+                head.predict(feats, samples)
+            assert keep_mmcv_ops_fp32(head) == 1
+            low = head.predict(feats, samples)[0]
+    assert low.bboxes.dtype == torch.float32 and len(low) > 0
+    assert (low.bboxes[:3] - ref.bboxes[:3]).abs().max() < 1.0  # the same top proposals
 
 
 def test_upcast_restores_fp32_and_keeps_integers():
@@ -165,7 +221,7 @@ def test_upcast_restores_fp32_and_keeps_integers():
     sample = DetDataSample(metainfo=dict(img_shape=(4, 4)))
     sample.pred_instances = InstanceData(bboxes=torch.ones(2, 4, dtype=torch.bfloat16),
                                          labels=torch.tensor([1, 2]))
-    out = _upcast([sample])[0]
+    out = samples_to_fp32([sample])[0]
     assert out.pred_instances.bboxes.dtype == torch.float32
     assert out.pred_instances.labels.dtype == torch.int64
     assert out.metainfo['img_shape'] == (4, 4)

@@ -67,7 +67,7 @@ CASES = {
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_swin_type_builds_our_class(case):
     code = textwrap.dedent(CASES[case]) + textwrap.dedent("""
-        from mmvitswin.core.backbones.swin import SwinTransformer
+        from mmvitswin.openmmlab.models import SwinTransformer
         assert type(m) is SwinTransformer, type(m)
         # mmdet's own class is still reachable and the hosts still build their other models
         print('OK', type(m).__module__)
@@ -75,4 +75,4 @@ def test_swin_type_builds_our_class(case):
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert 'OK mmvitswin.core.backbones.swin' in out.stdout
+    assert 'OK mmvitswin.openmmlab.models.backbones' in out.stdout

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import mmvitswin  # noqa: F401  (safe loading installed)
+import mmvitswin  # noqa: F401
 from mmvitswin.core.checkpoint import (CheckpointError, CheckpointNotFoundError,
                                   UntrustedCheckpointError, load_pretrained)
 from mmvitswin.core.backbones.swin import SwinTransformer
@@ -186,11 +186,11 @@ def test_good_file_still_loads(tmp_path):
 
 @pytest.mark.parametrize('make', [case_empty, case_truncated_zip, case_random_bytes])
 def test_runner_loader_reports_damage_not_distrust(make, tmp_path):
-    """mmengine's own loader (load_from / --resume) goes through the same file check."""
-    from mmengine.runner.checkpoint import _load_checkpoint
+    """Our runner's loader (load_from / --resume) goes through the same file check."""
+    from mmvitswin.openmmlab.engine.safe_load import load_runner_checkpoint
     path, exc, cause = make(tmp_path)
     with pytest.raises(CheckpointError) as info:
-        _load_checkpoint(str(path), map_location='cpu')
+        load_runner_checkpoint(str(path), map_location='cpu')
     assert info.value.cause == cause and str(path) in str(info.value)
 
 
@@ -209,10 +209,10 @@ def test_unreachable_url_says_where_and_how(tmp_path, monkeypatch):
     assert '--cfg-options model.backbone.init_cfg.checkpoint=' in msg
     assert _unchanged(model, snap)
     assert not os.path.exists(cache)  # no partial download left behind
-    # the runner's http loader (load_from=URL) gives the same answer
-    from mmengine.runner.checkpoint import _load_checkpoint
+    # our runner's loader (load_from=URL) fetches the same way and gives the same answer
+    from mmvitswin.openmmlab.engine.safe_load import load_runner_checkpoint
     with pytest.raises(CheckpointError, match='unreachable'):
-        _load_checkpoint(url, map_location='cpu')
+        load_runner_checkpoint(url, map_location='cpu')
     # a copy placed where the message says is used without the network
     os.makedirs(os.path.dirname(cache), exist_ok=True)
     torch.save({'state_dict': SwinTransformer(**SWIN).state_dict()}, cache)

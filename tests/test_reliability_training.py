@@ -3,8 +3,10 @@
 DDP with frozen stages.
 
 The subprocess tests run tools/train.py on the real UPerNet Swin-T config cut to one block per
-stage, on tiny generated data. Saving is slowed down through the seam
-``mmvitswin.openmmlab.engine.checkpoint_io._serialize`` by a module the training process imports.
+stage, on tiny generated data (the config's runner is our SafeCheckpointRunner). Saving is
+slowed down by a module the training process imports: it wraps MMEngine's
+``LocalBackend.put`` (what writes checkpoint bytes) in that process only, to stand for a slow
+disk. The fast tests train a toy model with SafeCheckpointRunner in this process.
 """
 import os
 import os.path as osp
@@ -20,32 +22,31 @@ import torch
 
 import mmvitswin  # noqa: F401
 from mmvitswin.openmmlab.engine import checkpoint_io
+from mmvitswin.openmmlab.engine.safe_load import safe_torch_load
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PY = sys.executable
 
 SLOW_SAVE = '''
-import io, os, time
-from mmvitswin.openmmlab.engine import checkpoint_io
+import os, time
+from mmengine.fileio import LocalBackend
 
-_original = checkpoint_io._serialize
+_put = LocalBackend.put
 
 
-def _slow(obj, f):
+def _slow_put(self, obj, filepath):
     """For the checkpoint named in $A13_SLOW_SAVE: write half of it, say so, then stall."""
     target = os.environ.get('A13_SLOW_SAVE')
-    if target and os.path.basename(f.name).startswith('.' + target):
-        buf = io.BytesIO()
-        _original(obj, buf)
-        data = buf.getvalue()
-        f.write(data[:len(data) // 2])
-        f.flush()
+    if target and os.path.basename(str(filepath)).startswith('.' + target):
+        with open(filepath, 'wb') as f:
+            f.write(obj[:len(obj) // 2])
+            f.flush()
         open(os.environ['A13_MARKER'], 'w').close()
         time.sleep(600)  # the test kills or interrupts us here
-    _original(obj, f)
+    _put(self, obj, filepath)
 
 
-checkpoint_io._serialize = _slow
+LocalBackend.put = _slow_put  # this test's stand-in for a slow disk, in the child only
 '''
 
 NAN_AT = '''
@@ -199,15 +200,16 @@ def test_killed_or_interrupted_while_saving_then_resumed(work):
     assert 'resumed epoch: 0, iter: 2' in out and 'Iter(train) [4/4]' in out
     assert (wd / 'iter_4.pth').exists() and not (wd / 'iter_2.pth').exists()
     assert _pointer(wd).endswith('iter_4.pth')
-    assert torch.load(wd / 'iter_4.pth', map_location='cpu')['meta']['iter'] == 4
+    assert safe_torch_load(str(wd / 'iter_4.pth'), map_location='cpu')['meta']['iter'] == 4
 
 
 def test_atomic_write_keeps_old_file_on_interrupt(tmp_path):
     path = tmp_path / 'iter_2.pth'
-    checkpoint_io.atomic_write(str(path), lambda f: torch.save({'w': torch.ones(3)}, f))
+    checkpoint_io.atomic_write(str(path), lambda tmp: torch.save({'w': torch.ones(3)}, tmp))
 
-    def interrupted(f):
-        f.write(b'PK\x03\x04 half a checkpoint')
+    def interrupted(tmp):
+        with open(tmp, 'wb') as f:
+            f.write(b'PK\x03\x04 half a checkpoint')
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -236,38 +238,143 @@ def test_resume_falls_back_to_newest_complete_checkpoint(tmp_path):
     empty = tmp_path / 'empty'
     empty.mkdir()
     assert find(str(empty)) is None
-    # what the Runner calls
-    import mmengine.runner.runner as runner_module
-    assert runner_module.find_latest_checkpoint is find
-    assert runner_module.save_checkpoint is checkpoint_io.save_checkpoint_atomic
+
+
+# ------------------------------------------------- the runner, in process, on a toy model
+class _Points(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        x = torch.full((2, ), float(i))
+        return dict(inputs=x, target=x.sum(dim=0, keepdim=True))
+
+
+def _toy_runner(work_dir, resume=False, max_iters=4, checkpoint=None, load_from=None,
+                custom_hooks=None):
+    """SafeCheckpointRunner training a 2 -> 1 linear model by SGD (momentum: optimizer state)."""
+    from mmengine.model import BaseModel
+    from mmvitswin.openmmlab.engine.runner import SafeCheckpointRunner
+
+    class Toy(BaseModel):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc = torch.nn.Linear(2, 1)
+
+        def forward(self, inputs, target, mode='loss'):
+            return dict(loss=(self.fc(inputs) - target).square().mean())
+
+    return SafeCheckpointRunner(
+        model=Toy(), work_dir=str(work_dir),
+        train_dataloader=dict(dataset=_Points(), sampler=dict(type='DefaultSampler', shuffle=False),
+                              batch_size=2, collate_fn=dict(type='default_collate')),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
+        train_cfg=dict(by_epoch=False, max_iters=max_iters),
+        default_hooks=dict(checkpoint=checkpoint or dict(type='CheckpointHook', interval=2,
+                                                         by_epoch=False, max_keep_ckpts=1)),
+        custom_hooks=custom_hooks, resume=resume, load_from=load_from, default_scope='mmengine',
+        experiment_name=f'toy_{os.path.basename(str(work_dir))}_{int(resume)}_{time.time_ns()}')
+
+
+def test_runner_saves_atomically_and_resumes_weights_only(tmp_path):
+    """The runner of our configs: a plain CheckpointHook becomes AtomicCheckpointHook, the
+    retired checkpoint goes after the new one is in place, no temporary file stays, and
+    --resume reads its own checkpoint (HistoryBuffer inside) weights-only under torch >= 2.6."""
+    from mmvitswin.openmmlab.engine.checkpoint_io import AtomicCheckpointHook
+    wd = tmp_path / 'wd'
+    runner = _toy_runner(wd)
+    assert [type(h) for h in runner.hooks if isinstance(h, AtomicCheckpointHook)] == \
+        [AtomicCheckpointHook]
+    runner.train()
+    assert sorted(p.name for p in wd.iterdir() if p.suffix == '.pth') == ['iter_4.pth']
+    assert _leftover_tmp(wd) == []
+    assert _pointer(wd) == str(wd / 'iter_4.pth')
+    saved = safe_torch_load(str(wd / 'iter_4.pth'), map_location='cpu')
+    assert saved['meta']['iter'] == 4 and 'message_hub' in saved
+    # resume (auto) continues from iteration 4 with the saved model and momentum buffers
+    resumed = _toy_runner(wd, resume=True, max_iters=6)
+    resumed.load_or_resume()
+    assert resumed.iter == 4
+    assert torch.equal(resumed.model.fc.weight, saved['state_dict']['fc.weight'])
+    state = resumed.optim_wrapper.optimizer.state_dict()['state']
+    assert torch.equal(state[0]['momentum_buffer'], saved['optimizer']['state'][0]['momentum_buffer'])
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path):
+    """A save that dies (here: an exception while the checkpoint is written, as Ctrl-C would)
+    leaves the previous checkpoint, the pointer to it and no temporary file: MMEngine's hook
+    would already have deleted iter_2.pth (max_keep_ckpts=1)."""
+    from mmengine.hooks import Hook
+
+    class FailWhileSaving(Hook):
+        def before_save_checkpoint(self, runner, checkpoint):
+            if checkpoint['meta']['iter'] == 4:
+                raise KeyboardInterrupt
+
+    wd = tmp_path / 'wd'
+    with pytest.raises(KeyboardInterrupt):
+        _toy_runner(wd, custom_hooks=[FailWhileSaving()]).train()
+    assert sorted(p.name for p in wd.iterdir() if p.suffix == '.pth') == ['iter_2.pth']
+    assert _pointer(wd) == str(wd / 'iter_2.pth') and _leftover_tmp(wd) == []
+
+
+def test_runner_resume_skips_a_half_written_checkpoint(tmp_path):
+    """last_checkpoint naming a truncated file (a writer that was not atomic): --resume takes
+    the newest complete one instead; MMEngine's own Runner would fail on it."""
+    wd = tmp_path / 'wd'
+    _toy_runner(wd, checkpoint=dict(type='CheckpointHook', interval=2, by_epoch=False)).train()
+    data = (wd / 'iter_4.pth').read_bytes()
+    (wd / 'iter_6.pth').write_bytes(data[:len(data) // 2])
+    (wd / 'last_checkpoint').write_text(str(wd / 'iter_6.pth'))
+    resumed = _toy_runner(wd, resume=True, max_iters=6)
+    resumed.load_or_resume()
+    assert resumed.iter == 4
+
+
+def test_runner_load_from_damaged_file_names_it(tmp_path):
+    from mmvitswin.core.checkpoint import CheckpointError
+    bad = tmp_path / 'cut.pth'
+    torch.save({'state_dict': {'fc.weight': torch.ones(1, 2)}}, bad)
+    bad.write_bytes(bad.read_bytes()[:40])
+    runner = _toy_runner(tmp_path / 'wd', load_from=str(bad))
+    with pytest.raises(CheckpointError) as info:
+        runner.load_or_resume()
+    assert info.value.cause == 'damaged' and str(bad) in str(info.value)
 
 
 # ------------------------------------------------------------------------- NaN loss stop
-def test_configs_enable_the_invalid_loss_hook():
+def test_configs_select_our_runner_and_hooks():
     from mmengine.config import Config
-    for name, expected in (('mask_rcnn_swin_t_coco.py', 'CheckInvalidLossHook'),
-                           ('upernet_swin_t_ade20k.py', 'mmdet.CheckInvalidLossHook'),
-                           ('demo/mask_rcnn_swin_nano_shapes.py', 'CheckInvalidLossHook'),
-                           ('demo/upernet_swin_nano_shapes.py', 'mmdet.CheckInvalidLossHook')):
+    for name in ('mask_rcnn_swin_t_coco.py', 'upernet_swin_t_ade20k.py',
+                 'demo/mask_rcnn_swin_nano_shapes.py', 'demo/upernet_swin_nano_shapes.py',
+                 'demo/mask_rcnn_vit_adapter_simple_shapes.py'):
         cfg = Config.fromfile(osp.join(ROOT, 'configs', name))
-        hooks = [h for h in cfg.get('custom_hooks', []) if h['type'] == expected]
+        assert cfg.runner_type == 'mmvitswin.SafeCheckpointRunner', name
+        assert cfg.default_hooks.checkpoint.type == 'mmvitswin.AtomicCheckpointHook', name
+        hooks = [h for h in cfg.get('custom_hooks', []) if h['type'] == 'mmvitswin.FiniteLossHook']
         assert hooks and hooks[0]['interval'] == 1, name
 
 
 def test_invalid_loss_hook_message_names_iteration():
     from types import SimpleNamespace
 
-    from mmdet.engine.hooks import CheckInvalidLossHook
-    from mmengine.logging import MMLogger
-    hook = CheckInvalidLossHook(interval=1)
-    runner = SimpleNamespace(iter=6, epoch=0, logger=MMLogger.get_current_instance())
+    from mmvitswin.openmmlab.engine.invalid_loss import FiniteLossHook
+    hook = FiniteLossHook(interval=1)
+    runner = SimpleNamespace(iter=6, epoch=0)
     ok = dict(loss=torch.tensor(1.5), loss_cls=torch.tensor(1.0))
     hook.after_train_iter(runner, 0, outputs=ok)  # finite: nothing happens
     bad = dict(loss=torch.tensor(float('inf')), loss_cls=torch.tensor(1.0),
                loss_mask=torch.tensor(float('inf')))
     with pytest.raises(AssertionError, match=r'loss is inf at iteration 7 \(epoch 1\).*'
-                                             r'loss_mask=inf'):
+                                             r'loss_cls=1, loss_mask=inf'):
         hook.after_train_iter(runner, 0, outputs=bad)
+    every_2 = FiniteLossHook(interval=2)
+    every_2.after_train_iter(runner, 0, outputs=bad)  # iteration 7 is not checked
+    with pytest.raises(AssertionError, match='iteration 8'):
+        every_2.after_train_iter(SimpleNamespace(iter=7, epoch=0), 0, outputs=bad)
+    with pytest.raises(ValueError, match='interval'):
+        FiniteLossHook(interval=0)
 
 
 @pytest.mark.slow
@@ -277,7 +384,7 @@ def test_nan_loss_stops_training_naming_the_iteration(work):
     proc = _start(work, cfg, wd, A13_NAN_AT=2)
     code, out = _finish(proc)
     assert code != 0
-    assert 'CheckInvalidLossHook: the loss is nan at iteration 2' in out, out[-3000:]
+    assert 'FiniteLossHook: the loss is nan at iteration 2' in out, out[-3000:]
     assert 'Iter(train) [3/4]' not in out  # it stopped there
 
 

@@ -1,9 +1,14 @@
 """Safe checkpoint loading: runner checkpoints load, anything else is refused clearly.
 
+The loader is :func:`mmvitswin.openmmlab.engine.safe_load.load_runner_checkpoint`, what our
+SafeCheckpointRunner reads ``--resume`` and ``load_from`` with (MMEngine's own loaders and
+torch's process-wide allow-list are not changed: tests/test_no_patches.py).
+
 On torch < 2.6 there is no usable allow-list and loading is MMEngine's own full pickle: the
 weights-only tests skip there and ``test_old_torch_loads_like_mmengine`` pins that behaviour.
 """
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -64,43 +69,42 @@ def _runner_like_checkpoint():
 
 
 def test_runner_checkpoint_loads(tmp_path, monkeypatch):
-    """Every torch: a runner checkpoint round-trips through MMEngine's loader."""
-    import mmvitswin  # noqa: F401  (installs the loaders)
-    from mmengine.runner.checkpoint import _load_checkpoint
+    """Every torch: a runner checkpoint round-trips through our runner's loader."""
+    from mmvitswin.openmmlab.engine.safe_load import load_runner_checkpoint
     monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
     path = str(tmp_path / 'runner.pth')
     torch.save(_runner_like_checkpoint(), path)
-    ckpt = _load_checkpoint(path, map_location='cpu')  # the path Runner.resume / load_from take
+    ckpt = load_runner_checkpoint(path, map_location='cpu')  # SafeCheckpointRunner's resume
     hub = ckpt['message_hub']
     assert hub['log_scalars']['train/loss'].mean() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
     assert hub['runtime_info']['best_score'] == 0.5
     assert hub['runtime_info']['shape'].dtype == np.int32
     assert ckpt['meta']['dataset_meta']['palette'] == [(1, 2, 3), (4, 5, 6)]
-    # plain torch.load (MMEngine's other call sites) accepts it too: allow-list is global
-    assert torch.load(path, map_location='cpu')['meta']['iter'] == 2
+    if compat.WEIGHTS_ONLY_DEFAULT:  # and torch's own default stays as strict as it was
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(path, map_location='cpu')
 
 
 @requires_allow_list
 def test_runner_checkpoint_needs_only_allow_listed_globals(tmp_path, monkeypatch):
-    import mmvitswin  # noqa: F401
-    from mmvitswin.openmmlab.engine.safe_load import WEIGHTS_ONLY_LOADING, _allowed_names
+    from mmvitswin.openmmlab.engine.safe_load import (WEIGHTS_ONLY_LOADING, allowed_names,
+                                                      safe_torch_load)
     assert WEIGHTS_ONLY_LOADING
     path = str(tmp_path / 'runner.pth')
     torch.save(_runner_like_checkpoint(), path)
     unsafe = globals_in_checkpoint(path)
     assert {'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr'} <= unsafe
-    assert unsafe <= _allowed_names()
-    # and the weights-only unpickler, given the allow-list, rebuilds it
-    assert torch.load(path, map_location='cpu', weights_only=True)['meta']['epoch'] == 1
+    assert unsafe <= allowed_names()
+    # and the weights-only unpickler, given the allow-list for this call, rebuilds it
+    assert safe_torch_load(path, map_location='cpu')['meta']['epoch'] == 1
 
 
 @pytest.mark.skipif(compat.HAS_SAFE_GLOBAL_ALIASES, reason='torch >= 2.6 refuses instead')
 def test_old_torch_loads_like_mmengine(tmp_path, monkeypatch):
     """torch < 2.6: no allow-list, so loading is MMEngine's full pickle (documented as unsafe
     for untrusted files): nothing is refused and the file's code does run."""
-    import mmvitswin  # noqa: F401
-    from mmengine.runner.checkpoint import _load_checkpoint
-    from mmvitswin.openmmlab.engine.safe_load import WEIGHTS_ONLY_LOADING, check_trusted
+    from mmvitswin.openmmlab.engine.safe_load import (WEIGHTS_ONLY_LOADING, check_trusted,
+                                                      load_runner_checkpoint)
     monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
     assert not WEIGHTS_ONLY_LOADING and not compat.WEIGHTS_ONLY_DEFAULT
     assert compat.add_safe_globals([Payload]) is False
@@ -110,15 +114,14 @@ def test_old_torch_loads_like_mmengine(tmp_path, monkeypatch):
     ckpt['meta']['hook_msgs'] = Payload(str(marker))
     torch.save(ckpt, path)
     check_trusted(path)  # no refusal on this torch
-    loaded = _load_checkpoint(path, map_location='cpu')
+    loaded = load_runner_checkpoint(path, map_location='cpu')
     assert marker.read_text() == 'code ran' and loaded['meta']['iter'] == 2
 
 
 @requires_allow_list
 def test_disallowed_object_is_refused_with_instructions(tmp_path, monkeypatch):
-    import mmvitswin  # noqa: F401
-    from mmengine.runner.checkpoint import _load_checkpoint
     from mmvitswin.core.checkpoint import UntrustedCheckpointError
+    from mmvitswin.openmmlab.engine.safe_load import load_runner_checkpoint
     monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
     marker = tmp_path / 'marker'
     path = str(tmp_path / 'evil.pth')
@@ -126,7 +129,7 @@ def test_disallowed_object_is_refused_with_instructions(tmp_path, monkeypatch):
     ckpt['meta']['hook_msgs'] = Payload(str(marker))
     torch.save(ckpt, path)
     with pytest.raises(UntrustedCheckpointError) as info:
-        _load_checkpoint(path, map_location='cpu')
+        load_runner_checkpoint(path, map_location='cpu')
     msg = str(info.value)
     assert path in msg
     assert f'{__name__}._side_effect' in msg  # names the offending global
@@ -134,18 +137,15 @@ def test_disallowed_object_is_refused_with_instructions(tmp_path, monkeypatch):
     assert not marker.exists()
     # explicit opt-in: the user trusts the file, so it is unpickled in full (code runs)
     monkeypatch.setenv('MMVITSWIN_TRUST_CHECKPOINTS', '1')
-    loaded = _load_checkpoint(path, map_location='cpu')
+    loaded = load_runner_checkpoint(path, map_location='cpu')
     assert marker.read_text() == 'code ran' and loaded['meta']['iter'] == 2
 
 
 @requires_allow_list
 def test_getattr_stand_in_only_reaches_history_buffer_methods(tmp_path, monkeypatch):
     """A pickled getattr(np.ndarray, '__class__')-style walk must not get through."""
-    import pickle
-
-    import mmvitswin  # noqa: F401
-    from mmengine.runner.checkpoint import _load_checkpoint
     from mmvitswin.core.checkpoint import UntrustedCheckpointError
+    from mmvitswin.openmmlab.engine.safe_load import load_runner_checkpoint
     monkeypatch.delenv('MMVITSWIN_TRUST_CHECKPOINTS', raising=False)
 
     class Sneaky:
@@ -155,7 +155,7 @@ def test_getattr_stand_in_only_reaches_history_buffer_methods(tmp_path, monkeypa
     path = str(tmp_path / 'sneaky.pth')
     torch.save({'x': Sneaky()}, path)
     with pytest.raises(UntrustedCheckpointError, match='only HistoryBuffer statistics'):
-        _load_checkpoint(path, map_location='cpu')
+        load_runner_checkpoint(path, map_location='cpu')
     assert issubclass(UntrustedCheckpointError, pickle.UnpicklingError)
 
 

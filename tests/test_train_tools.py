@@ -214,7 +214,8 @@ def test_train_and_test_mask_rcnn_swin_t(work):
     assert iters == ['0', '1']
     start, end = _read(wd / 'probe' / 'start_rank0.json'), _read(wd / 'probe' / 'end_rank0.json')
     assert end['iter'] == 2 and start['model'] != end['model']  # it trained
-    ckpt = torch.load(wd / 'epoch_1.pth', map_location='cpu')  # weights_only=True on torch>=2.6
+    from mmvitswin.openmmlab.engine.safe_load import safe_torch_load
+    ckpt = safe_torch_load(str(wd / 'epoch_1.pth'), map_location='cpu')  # weights-only
     assert ckpt['meta']['iter'] == 2 and ckpt['meta']['dataset_meta']['classes'] == CLASSES
     assert fingerprint(ckpt['state_dict']) == end['model']
     # ... and tools/test.py evaluates it with CocoMetric
@@ -227,7 +228,7 @@ def test_upernet_killed_then_resumed_restores_exact_state(work):
     """UPerNet Swin-T trains with tools/train.py, is SIGKILLed after its first checkpoint
     (iteration 2 of 4) and resumed with --resume: it restarts from exactly the saved model and
     optimizer state at iteration 2 and finishes iterations 3 and 4."""
-    from mmvitswin.openmmlab.engine.safe_load import _allowed_names
+    from mmvitswin.openmmlab.engine.safe_load import allowed_names, safe_torch_load
     wd = work / 'wd_resume'
     probe1, probe2 = wd / 'probe_killed', wd / 'probe_resumed'
     extra = "train_cfg['max_iters'] = 4\n"
@@ -247,14 +248,14 @@ def test_upernet_killed_then_resumed_restores_exact_state(work):
         if proc.poll() is None:
             proc.kill()
     assert (wd / 'iter_2.pth').exists() and not (wd / 'iter_4.pth').exists()
-    ckpt = torch.load(wd / 'iter_2.pth', map_location='cpu')
+    ckpt = safe_torch_load(str(wd / 'iter_2.pth'), map_location='cpu')
     # what the allow-list is for: torch.load(weights_only=True) needs exactly these extras
     from mmvitswin.core.compat import HAS_SAFE_GLOBAL_ALIASES
     if HAS_SAFE_GLOBAL_ALIASES:  # torch >= 2.6; older torch loads with full pickle
         from test_safe_load import globals_in_checkpoint
         unsafe = globals_in_checkpoint(str(wd / 'iter_2.pth'))
         assert 'mmengine.logging.history_buffer.HistoryBuffer' in unsafe
-        assert unsafe <= _allowed_names()
+        assert unsafe <= allowed_names()
 
     resumed_cfg = _upernet_config(work, 'resume_b', extra + _probe(probe2))
     proc = _run([PY, 'tools/train.py', resumed_cfg, '--work-dir', str(wd), '--resume'], work)
@@ -267,7 +268,7 @@ def test_upernet_killed_then_resumed_restores_exact_state(work):
     assert start['optimizer'] == fingerprint(ckpt['optimizer'])
     assert len(start['optimizer']['state']) > 0  # AdamW moments really came back
     assert open(probe2 / 'iters_rank0.json').read().split() == ['2', '3']
-    final = torch.load(wd / 'iter_4.pth', map_location='cpu')
+    final = safe_torch_load(str(wd / 'iter_4.pth'), map_location='cpu')
     assert final['meta']['iter'] == 4
     assert fingerprint(final['state_dict']) == _read(probe2 / 'end_rank0.json')['model']
 
@@ -382,4 +383,12 @@ def test_prepare_config_cpu_distributed_and_sync_bn():
     cfg = Config.fromfile(path)
     prepare_config(cfg, path, launcher='pytorch', cuda=True)  # real multi-GPU run: untouched
     assert cfg.model.decode_head.norm_cfg.type == 'SyncBN'
+    # a config naming no runner (mmdet's own, say) runs on ours; a config's choice is kept
+    plain = Config(dict(model=dict(type='mmvitswin.SwinTransformer')))
+    notes = prepare_config(plain, 'plain.py', cuda=False)
+    assert plain.runner_type == 'mmvitswin.SafeCheckpointRunner'
+    assert any('SafeCheckpointRunner' in n for n in notes)
+    own = Config(dict(model=dict(type='mmvitswin.SwinTransformer'), runner_type='Runner'))
+    prepare_config(own, 'own.py', cuda=False)
+    assert own.runner_type == 'Runner'
     assert cfg.env_cfg.dist_cfg.backend == 'nccl' and 'model_wrapper_cfg' not in cfg

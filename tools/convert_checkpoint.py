@@ -40,28 +40,36 @@ def parse_args(argv=None):
 
 
 def convert(src: str, backbone_cfg=None):
-    """Return ``(state_dict, description)`` for the checkpoint at ``src``."""
+    """Return ``(state_dict, description)`` for the checkpoint at ``src``.
+
+    With ``backbone_cfg`` the state dict is fitted to that backbone by the core's one entry
+    point (:func:`mmvitswin.core.checkpoint.fit_checkpoint` with the backbone's family) and
+    loaded into it by :func:`~mmvitswin.core.checkpoint.load_state_dict_reported`, which
+    refuses shape mismatches and reports missing and unused keys.
+    """
+    import warnings
+
     import mmvitswin  # noqa: F401  (registers the backbones)
-    from mmvitswin.core.checkpoint import load_checkpoint_file, unwrap_state_dict
+    from mmvitswin.core.checkpoint import (fit_checkpoint, load_state_dict_reported,
+                                           read_checkpoint, unwrap_state_dict)
     from mmvitswin.core.checkpoint.swin import convert_swin_state_dict
-    sd = unwrap_state_dict(load_checkpoint_file(src))
+    ckpt = read_checkpoint(src)
+    sd = unwrap_state_dict(ckpt.obj)
     if backbone_cfg is None:
         out, fmt = convert_swin_state_dict(sd)
         return out, f'Swin, detected format: {fmt}'
     from mmvitswin.openmmlab.registry import MODELS
-    cfg = dict(backbone_cfg)
-    model = MODELS.build(cfg)
-    if not hasattr(model, 'convert_checkpoint'):
-        raise ValueError(f'{type(model).__name__} has no checkpoint converter')
-    out = model.convert_checkpoint(sd)
-    own = model.state_dict()
-    bad = [k for k, v in out.items() if k in own and own[k].shape != v.shape]
-    if bad:
-        raise ValueError(f'converted keys do not fit {cfg.get("type")}: {bad[:5]}')
-    unused = sorted(set(out) - set(own))
-    missing = sorted(set(own) - set(out))
-    return out, (f'{type(model).__name__}: {len(out)} tensors, {len(missing)} missing in the '
-                 f'checkpoint, {len(unused)} unused: {unused[:8]}')
+    model = MODELS.build(dict(backbone_cfg))
+    family = model.checkpoint_family() if hasattr(model, 'checkpoint_family') else None
+    if family is None:
+        raise ValueError(f'{type(model).__name__} has no checkpoint family to convert with')
+    out = fit_checkpoint(family, sd, model, config=ckpt.config)
+    with warnings.catch_warnings():  # the report below says it once
+        warnings.simplefilter('ignore')
+        report = load_state_dict_reported(model, out, source=src)
+    return out, (f'{type(model).__name__}: {len(out)} tensors, {len(report.missing)} missing '
+                 f'in the checkpoint, {len(report.unexpected)} unused: '
+                 f'{report.unexpected[:8]}')
 
 
 def main(argv=None) -> int:

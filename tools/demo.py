@@ -133,8 +133,8 @@ def run_demo(config: str, work_dir: str, data_root: str, max_iters: Optional[int
     """Generate data if needed, train, evaluate, draw; return a summary of the outputs."""
     import mmvitswin  # noqa: F401
     import torch
-    from mmengine.runner import Runner
     from mmvitswin.openmmlab.engine.amp import apply_amp
+    from mmvitswin.openmmlab.engine.launch import build_runner
 
     from visualize import visualize
 
@@ -161,7 +161,7 @@ def run_demo(config: str, work_dir: str, data_root: str, max_iters: Optional[int
     ensure_shapes(data_root, cfg.get('image_size', (128, 128)), log)
 
     start = time.time()
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)  # the config's SafeCheckpointRunner (atomic checkpoints)
     recorder = _MetricsRecorder()
     runner.register_hook(recorder)
     runner.train()

@@ -49,12 +49,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import mmvitswin  # noqa: F401  (registries, host bridge, safe checkpoint loading)
-    from mmengine.runner import Runner
-    from mmvitswin.openmmlab.engine.safe_load import UntrustedCheckpointError
+    import mmvitswin  # noqa: F401  (registries and host bridge)
     from mmvitswin.openmmlab.engine.data_check import missing_data, missing_data_message
-    from mmvitswin.openmmlab.engine.launch import (ToolError, init_distributed, load_config,
-                                         prepare_config)
+    from mmvitswin.openmmlab.engine.launch import (ToolError, build_runner, init_distributed,
+                                                   load_config, prepare_config)
+    from mmvitswin.openmmlab.engine.safe_load import UntrustedCheckpointError
     try:
         cfg = load_config(args.config, args.cfg_options)
         notes = prepare_config(cfg, args.config, launcher=args.launcher,
@@ -83,11 +82,7 @@ def main(argv=None) -> int:
         print(f'error: {exc}', file=sys.stderr)
         return 2
 
-    if 'runner_type' in cfg:
-        from mmengine.registry import RUNNERS
-        runner = RUNNERS.build(cfg)
-    else:
-        runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)  # the config's runner_type; SafeCheckpointRunner if none
     for note in notes:
         runner.logger.info(f'mmvitswin tools: {note}')
     try:

@@ -10,5 +10,8 @@ env_cfg = dict(
     dist_cfg=dict(backend='nccl'),
 )
 log_level = 'INFO'
+# MMEngine's Runner with weights-only --resume/load_from (torch >= 2.6), atomic checkpoint files
+# and a resume that skips a half-written checkpoint (docs/reliability.md)
+runner_type = 'mmvitswin.SafeCheckpointRunner'
 load_from = None
 resume = False

@@ -203,12 +203,12 @@ default_hooks = dict(
     timer=dict(type='IterTimerHook'),
     logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),
     param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='CheckpointHook', interval=max_iters, by_epoch=False, max_keep_ckpts=1),
+    checkpoint=dict(type='mmvitswin.AtomicCheckpointHook', interval=max_iters, by_epoch=False,
+                    max_keep_ckpts=1),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='DetVisualizationHook'))
-# A NaN/Inf loss stops the run at once (mmdet's own hook; mmvitswin makes its error name
-# the iteration, see docs/reliability.md)
-custom_hooks = [dict(type='CheckInvalidLossHook', interval=1)]
+# A NaN/Inf loss stops the run at once, naming the iteration (docs/reliability.md)
+custom_hooks = [dict(type='mmvitswin.FiniteLossHook', interval=1)]
 env_cfg = dict(
     cudnn_benchmark=False,
     mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
@@ -217,6 +217,8 @@ vis_backends = [dict(type='LocalVisBackend')]
 visualizer = dict(type='DetLocalVisualizer', vis_backends=vis_backends, name='visualizer')
 log_processor = dict(type='LogProcessor', window_size=25, by_epoch=False)
 log_level = 'INFO'
+# weights-only --resume/load_from, atomic checkpoint files (docs/reliability.md)
+runner_type = 'mmvitswin.SafeCheckpointRunner'
 load_from = None
 resume = False
 randomness = dict(seed=0)

@@ -176,14 +176,23 @@ def autocast(device_type: str, dtype: Optional[torch.dtype] = None, enabled: boo
     return torch.autocast(device_type, dtype=dtype)
 
 
-def _cast_floats(value, dtype: torch.dtype):
-    """``value`` with every floating-point tensor inside (tuples, lists, dicts) cast to dtype."""
+LOW_PRECISION: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+
+
+def cast_floats(value, dtype: torch.dtype, only: Optional[Tuple[torch.dtype, ...]] = None):
+    """``value`` with every floating-point tensor inside (tuples, lists, dicts) cast to
+    ``dtype``; with ``only``, just the tensors whose dtype is in ``only`` (e.g.
+    ``only=LOW_PRECISION`` brings bf16/fp16 outputs back to fp32 and leaves the rest).
+
+    The one recursive tensor caster of mmvitswin (custom_fwd's fallback, the AMP engine)."""
     if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
+        if value.is_floating_point() and (only is None or value.dtype in only):
+            return value.to(dtype)
+        return value
     if isinstance(value, (list, tuple)):
-        return type(value)(_cast_floats(v, dtype) for v in value)
+        return type(value)(cast_floats(v, dtype, only) for v in value)
     if isinstance(value, dict):
-        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+        return {k: cast_floats(v, dtype, only) for k, v in value.items()}
     return value
 
 
@@ -202,8 +211,8 @@ def _generic_custom_fwd(device_type: str, cast_inputs: Optional[torch.dtype]):
                 return forward(ctx, *args, **kwargs)
             ctx._mmvitswin_fwd_used_autocast = False
             with torch.autocast(device_type=device_type, enabled=False):
-                return forward(ctx, *_cast_floats(args, cast_inputs),
-                               **_cast_floats(kwargs, cast_inputs))
+                return forward(ctx, *cast_floats(args, cast_inputs),
+                               **cast_floats(kwargs, cast_inputs))
 
         return wrapped
 
@@ -308,6 +317,6 @@ __all__ = [
     'WEIGHTS_ONLY_DEFAULT', 'SDPA_HAS_SCALE', 'COMPILE_DYNAMIC_OK', 'HAS_TORCH_EXPORT',
     'HAS_DYNAMO_ONNX_EXPORT', 'torch_at_least', 'add_safe_globals',
     'unsafe_globals_in_checkpoint', 'is_autocast_enabled', 'get_autocast_dtype', 'CPU_AUTOCAST_FP16',
-    'autocast', 'custom_fwd',
+    'autocast', 'LOW_PRECISION', 'cast_floats', 'custom_fwd',
     'custom_bwd', 'grad_scaler', 'is_compiling', 'is_exporting'
 ]

@@ -275,3 +275,26 @@ class SwinTransformer(TransformerBackbone):
     def checkpoint_family(self):
         from ..checkpoint.swin import SWIN_CHECKPOINTS
         return SWIN_CHECKPOINTS
+
+    # ----------------------------------------------------------------- layer-wise lr decay
+    @property
+    def num_layers_for_decay(self) -> int:
+        """Blocks counted by layer-wise lr decay: every block of every stage."""
+        return sum(self.depths)
+
+    def get_layer_depth(self, param_name: str) -> int:
+        """Layer-decay depth of a parameter (name relative to the backbone): 0 for the patch
+        embedding and absolute pos-embed, ``j + 1`` for overall block ``j`` (blocks counted
+        across stages), the patch merging of a stage with its last block, and
+        ``num_layers_for_decay + 1`` for the output norms."""
+        if param_name.startswith('patch_embed.') or param_name == 'absolute_pos_embed':
+            return 0
+        parts = param_name.split('.')
+        if len(parts) > 3 and parts[0] == 'stages' and parts[1].isdigit():
+            stage = int(parts[1])
+            before = sum(self.depths[:stage])
+            if parts[2] == 'blocks' and parts[3].isdigit():
+                return before + int(parts[3]) + 1
+            if parts[2] == 'downsample':
+                return before + self.depths[stage]
+        return self.num_layers_for_decay + 1

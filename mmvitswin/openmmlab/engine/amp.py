@@ -7,18 +7,30 @@ the optimizer step outside it, with no loss scaling (bf16 has fp32's exponent ra
 do not underflow). On CUDA ``--amp`` keeps MMEngine's ``AmpOptimWrapper``: fp16 with dynamic loss
 scaling (mmdet's default), or bf16 with the scale fixed at 1. :func:`apply_amp` makes that choice
 for a config; :class:`AmpTestLoop` is ``tools/test.py --amp`` (``test_step`` under autocast).
+mmcv's CPU kernels (``nms``, ``RoIAlign``, ...) have no bf16: both keep the tensors that reach
+them fp32 with forward hooks on the model they run (:func:`keep_mmcv_ops_fp32`); mmcv itself
+is not changed.
 """
-import sys
+import importlib.util
+import weakref
 from contextlib import contextmanager
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn as nn
 from mmengine.logging import MMLogger
 from mmengine.optim import OptimWrapper
 from mmengine.runner import TestLoop
 from mmengine.structures import BaseDataElement
 
 from ..registry import LOOPS, OPTIM_WRAPPERS
+from ...core import compat
+
+if importlib.util.find_spec('mmdet') is not None:  # its heads feed mmcv's nms
+    from mmdet.models.dense_heads.base_dense_head import BaseDenseHead
+    from mmdet.models.roi_heads.bbox_heads import BBoxHead
+else:  # an mmseg-only install: no such heads
+    BaseDenseHead = BBoxHead = None
 
 AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 _TORCH_NAMES = {'bfloat16': 'bf16', 'float16': 'fp16', 'bf16': 'bf16', 'fp16': 'fp16'}
@@ -60,82 +72,70 @@ def cpu_bf16_support() -> Tuple[bool, str]:
     return False, 'no AMX-BF16 / AVX512-BF16 instructions'
 
 
-_LOW = (torch.bfloat16, torch.float16)
+# Where a bf16/fp16 CPU tensor would reach an mmcv kernel without a low-precision CPU version
+# ("expected scalar type Float but found BFloat16"): the inputs of mmcv.ops modules (RoIAlign,
+# RoIPool, ...) and the outputs of mmdet's heads, which their post-processing hands to mmcv's
+# nms (RPN proposals, test-time boxes).
+_FP32_OUTPUT_HEADS = tuple(cls for cls in (BaseDenseHead, BBoxHead) if cls is not None)
+_GUARDED: 'weakref.WeakSet[nn.Module]' = weakref.WeakSet()
 
 
-def _cast(value: Any, dtype: torch.dtype, only=None) -> Any:
-    """Floating CPU tensors in ``value`` (nested tuples/lists) cast to ``dtype`` (only those of
-    a dtype in ``only``, if given)."""
-    if isinstance(value, torch.Tensor):
-        if (value.is_floating_point() and value.device.type == 'cpu'
-                and (only is None or value.dtype in only)):
-            return value.to(dtype)
-        return value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, dtype, only) for v in value)
-    return value
+def _is_mmcv_op(module: nn.Module) -> bool:
+    return type(module).__module__.startswith('mmcv.ops.')
 
 
-def _low_dtype(args) -> Optional[torch.dtype]:
-    for value in args:
-        if isinstance(value, torch.Tensor) and value.device.type == 'cpu' and value.dtype in _LOW:
-            return value.dtype
-        if isinstance(value, (list, tuple)):
-            found = _low_dtype(value)
-            if found is not None:
-                return found
-    return None
+class _Fp32Op:
+    """Forward hooks that run an mmcv op module in fp32 when it is given bf16/fp16 tensors and
+    hand its outputs back in that dtype (a half kernel's contract: mmdet's RoI extractor
+    writes them into a buffer of the features' dtype)."""
 
+    def __init__(self):
+        self.dtypes: List[Optional[torch.dtype]] = []  # one per call in progress
 
-def _fp32_forward(forward):
-    def wrapped(ctx, *args, **kwargs):
-        low = _low_dtype(args)
-        ctx._mmvitswin_low_dtype = low
+    def before(self, module: nn.Module, args: tuple, kwargs: dict):
+        low = next((v.dtype for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)
+                    and v.device.type == 'cpu' and v.dtype in compat.LOW_PRECISION), None)
+        self.dtypes.append(low)
         if low is None:
-            return forward(ctx, *args, **kwargs)
-        with torch.autocast('cpu', enabled=False):
-            out = forward(ctx, *_cast(args, torch.float32), **kwargs)
-        return _cast(out, low, only=(torch.float32, ))
-    return wrapped
+            return None
+        return (compat.cast_floats(args, torch.float32, only=compat.LOW_PRECISION),
+                compat.cast_floats(kwargs, torch.float32, only=compat.LOW_PRECISION))
+
+    def after(self, module: nn.Module, args: tuple, output: Any):
+        low = self.dtypes.pop()
+        if low is None:
+            return None
+        return compat.cast_floats(output, low, only=(torch.float32, ))
 
 
-def _fp32_backward(backward):
-    def wrapped(ctx, *grads):
-        if getattr(ctx, '_mmvitswin_low_dtype', None) is None:
-            return backward(ctx, *grads)
-        return backward(ctx, *_cast(grads, torch.float32))  # autograd casts the results back
-    return wrapped
+def _outputs_to_fp32(module: nn.Module, args: tuple, output: Any):
+    return compat.cast_floats(output, torch.float32, only=compat.LOW_PRECISION)
 
 
-def mmcv_ops_accept_bf16_on_cpu() -> int:
-    """Let mmcv's ops (nms, RoIAlign, ...) take bf16/fp16 CPU tensors, as under CPU autocast.
+def keep_mmcv_ops_fp32(model: nn.Module) -> int:
+    """Let ``model`` run under CPU bf16 autocast although mmcv's CPU kernels have no bf16.
 
-    Their CPU kernels have no bf16 ("expected scalar type Float but found BFloat16") and
-    autocast does not know them. Each ``autograd.Function`` in ``mmcv.ops`` therefore computes
-    in fp32 when an input is a low-precision CPU tensor and returns that dtype (a half kernel's
-    contract), its backward likewise; fp32 and CUDA calls are untouched. Idempotent; returns
-    how many functions this call wrapped.
+    Forward hooks on this model's modules (nothing of mmcv or mmdet is changed): every
+    ``mmcv.ops`` module given bf16/fp16 CPU tensors computes in fp32 and returns that dtype;
+    every mmdet dense head and bbox head returns fp32 (their post-processing calls mmcv's
+    ``nms``, and their losses are then fp32 too). The convolutions and matrix products stay
+    under autocast. Idempotent; returns how many modules it guarded.
     """
-    try:
-        import mmcv.ops  # noqa: F401
-    except ImportError:
-        return 0
-    wrapped = 0
-    for name, module in list(sys.modules.items()):
-        if not name.startswith('mmcv.ops.') or module is None:
+    guarded = 0
+    for module in model.modules():
+        if module in _GUARDED:
             continue
-        for obj in list(vars(module).values()):
-            if (isinstance(obj, type) and issubclass(obj, torch.autograd.Function)
-                    and obj.__module__ == name and 'forward' in vars(obj)
-                    and not vars(obj).get('_mmvitswin_fp32', False)):
-                for attr, wrap in (('forward', _fp32_forward), ('backward', _fp32_backward)):
-                    fn = vars(obj).get(attr)
-                    if fn is not None:
-                        fn = fn.__func__ if isinstance(fn, staticmethod) else fn
-                        setattr(obj, attr, staticmethod(wrap(fn)))
-                obj._mmvitswin_fp32 = True
-                wrapped += 1
-    return wrapped
+        if _is_mmcv_op(module):
+            op = _Fp32Op()
+            module.register_forward_pre_hook(op.before, with_kwargs=True)
+            module.register_forward_hook(op.after)
+        elif isinstance(module, _FP32_OUTPUT_HEADS):
+            module.register_forward_hook(_outputs_to_fp32)
+        else:
+            continue
+        _GUARDED.add(module)
+        guarded += 1
+    return guarded
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -145,8 +145,8 @@ class CPUAmpOptimWrapper(OptimWrapper):
     MMEngine's ``BaseModel.train_step`` runs the data preprocessor and the loss inside
     ``optim_context`` and calls ``update_params`` (backward, step) after it, so the backward
     runs outside autocast, as the AMP recipe requires. Parameters, gradients and optimizer
-    state stay fp32; no loss scaling. mmcv's ops run in fp32 inside it
-(:func:`mmcv_ops_accept_bf16_on_cpu`). Other arguments: ``OptimWrapper``'s.
+    state stay fp32; no loss scaling. mmcv's ops of the model it trains get fp32 tensors
+    (:func:`keep_mmcv_ops_fp32`). Other arguments: ``OptimWrapper``'s.
     """
 
     def __init__(self, dtype: str = 'bfloat16', **kwargs):
@@ -155,7 +155,6 @@ class CPUAmpOptimWrapper(OptimWrapper):
             raise ValueError('CPUAmpOptimWrapper runs bf16 only (fp16 on CPU needs loss scaling '
                              'and has no fast kernels); use AmpOptimWrapper on CUDA for fp16')
         self.cast_dtype = torch.bfloat16
-        mmcv_ops_accept_bf16_on_cpu()
         MMLogger.get_current_instance().info(
             'CPUAmpOptimWrapper: precision bf16 (forward under torch.autocast("cpu", '
             'torch.bfloat16); backward, gradients and optimizer step in fp32; no loss scaling)')
@@ -166,25 +165,26 @@ class CPUAmpOptimWrapper(OptimWrapper):
         if param is not None and param.device.type != 'cpu':
             raise RuntimeError(f'CPUAmpOptimWrapper autocasts on CPU but the model is on '
                                f'{param.device}; use AmpOptimWrapper there')
+        keep_mmcv_ops_fp32(model)
         with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
             yield
 
 
-def _upcast(obj: Any) -> Any:
-    """Low-precision floating tensors in (nested) outputs back to fp32: metrics call
-    ``.numpy()``, which has no bf16."""
-    if isinstance(obj, torch.Tensor):
-        return obj.float() if obj.dtype in (torch.bfloat16, torch.float16) else obj
-    if isinstance(obj, BaseDataElement):
-        for key, value in list(obj.items()):
-            obj.set_field(_upcast(value), key, field_type=(
-                'metainfo' if key in obj.metainfo_keys() else 'data'))
-        return obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_upcast(v) for v in obj)
-    if isinstance(obj, dict):
-        return {k: _upcast(v) for k, v in obj.items()}
-    return obj
+def samples_to_fp32(samples: Sequence) -> list:
+    """Test outputs (data samples, possibly nested) with their bf16/fp16 tensors back in fp32,
+    in place: metrics call ``.numpy()``, which has no bf16."""
+    return [_element_to_fp32(s) if isinstance(s, BaseDataElement) else
+            compat.cast_floats(s, torch.float32, only=compat.LOW_PRECISION) for s in samples]
+
+
+def _element_to_fp32(element: BaseDataElement) -> BaseDataElement:
+    metainfo_keys = set(element.metainfo_keys())
+    for key, value in list(element.items()):
+        value = _element_to_fp32(value) if isinstance(value, BaseDataElement) else \
+            compat.cast_floats(value, torch.float32, only=compat.LOW_PRECISION)
+        element.set_field(value, key,
+                          field_type='metainfo' if key in metainfo_keys else 'data')
+    return element
 
 
 @LOOPS.register_module()
@@ -198,7 +198,7 @@ class AmpTestLoop(TestLoop):
         param = next(self.runner.model.parameters(), None)
         self.device_type = param.device.type if param is not None else 'cpu'
         if self.device_type == 'cpu':
-            mmcv_ops_accept_bf16_on_cpu()
+            keep_mmcv_ops_fp32(self.runner.model)
         MMLogger.get_current_instance().info(
             f'AmpTestLoop: precision {amp_dtype_name(dtype)} (test_step under torch.autocast('
             f'"{self.device_type}", {self.cast_dtype}); outputs evaluated in fp32)')
@@ -208,7 +208,7 @@ class AmpTestLoop(TestLoop):
         self.runner.call_hook('before_test_iter', batch_idx=idx, data_batch=data_batch)
         with torch.autocast(self.device_type, dtype=self.cast_dtype):
             outputs = self.runner.model.test_step(data_batch)
-        outputs = _upcast(outputs)
+        outputs = samples_to_fp32(outputs)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         self.runner.call_hook('after_test_iter', batch_idx=idx, data_batch=data_batch,
                               outputs=outputs)

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints for MMEngine runners: nothing half-written, ``--resume`` always works.
+"""Crash-safe checkpoint files: nothing half-written, ``--resume`` always finds a usable file.
 
 MMEngine 0.10.7 writes a checkpoint in place (``open(path, 'wb')``), writes ``last_checkpoint``
 in place, and -- with ``max_keep_ckpts`` -- deletes the oldest checkpoint *before* writing the
@@ -6,40 +6,40 @@ new one. A run killed (SIGKILL, OOM killer, preemption) or interrupted (Ctrl-C) 
 therefore leave a truncated ``iter_N.pth`` and a ``last_checkpoint`` that names a file already
 deleted, and ``--resume`` then fails.
 
-:func:`install_atomic_checkpoints` (run when :mod:`mmvitswin` is imported, so every runner built
-from a config with ``custom_imports=['mmvitswin']`` or by our tools gets it) changes that:
+The pieces here, selected by our configs and tools (nothing of MMEngine is replaced):
 
-1. **Atomic checkpoint files.** The runner's ``save_checkpoint`` writes local files to a hidden
-   temporary file in the same directory (``.iter_N.pth.tmp-<pid>``), flushes and fsyncs it, and
-   renames it over the final name with ``os.replace``. A file under a checkpoint name is always
-   complete; an interrupted save leaves at most the temporary file (removed on Ctrl-C and on any
-   exception, left behind only by SIGKILL, and cleaned up by the next save of that name).
-   Remote backends (``s3://`` ...) are left to MMEngine.
-2. **Atomic ``last_checkpoint``.** The pointer file is written the same way.
-3. **Deletion after success.** ``CheckpointHook`` removes checkpoints beyond ``max_keep_ckpts``
-   only after the new checkpoint and ``last_checkpoint`` are in place.
-4. **Resume falls back.** ``--resume`` (``resume=True`` without ``load_from``) takes the file
-   named by ``last_checkpoint`` only when it is a complete checkpoint; otherwise the newest
-   complete ``*.pth`` in the work dir, with a warning saying why.
+1. :func:`atomic_write`: a file is written under a hidden temporary name in the same directory
+   (``.iter_N.pth.tmp-<pid>``), flushed, fsynced and renamed over the final name with
+   ``os.replace``. A file under a checkpoint name is always complete; an interrupted save leaves
+   at most the temporary file (removed on Ctrl-C and on any exception, left behind only by
+   SIGKILL, and cleaned up by the next save of that name).
+   :class:`~mmvitswin.openmmlab.engine.runner.SafeCheckpointRunner` saves every local
+   checkpoint this way (remote backends, ``s3://`` ..., are left to MMEngine).
+2. :class:`AtomicCheckpointHook`: MMEngine's ``CheckpointHook`` with ``last_checkpoint`` written
+   atomically, and checkpoints beyond ``max_keep_ckpts`` removed only *after* the new
+   checkpoint and ``last_checkpoint`` are in place.
+3. :func:`find_latest_complete_checkpoint`: what ``--resume`` continues from: the file named by
+   ``last_checkpoint`` when it is a complete checkpoint, else the newest complete ``*.pth`` in
+   the work dir, with a warning saying why (``SafeCheckpointRunner.load_or_resume``).
 """
-import builtins
 import contextlib
 import glob
 import os
 import os.path as osp
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
-import torch
+from mmengine.dist import is_main_process
+from mmengine.hooks import CheckpointHook
+from mmengine.logging import print_log
 
-_installed = False
+from ..registry import HOOKS
+from ...core.checkpoint.files import CheckpointError, check_checkpoint_file
+
 _TMP_MARK = '.tmp-'
+POINTER_FILE = 'last_checkpoint'
 
 
-def _serialize(obj, f) -> None:
-    """Write ``obj`` to the open binary file ``f`` (a seam for tests that slow saving down)."""
-    torch.save(obj, f)
-
-
+# -------------------------------------------------------------------------- atomic files
 def _tmp_path(path: str) -> str:
     head, tail = osp.split(path)
     return osp.join(head, f'.{tail}{_TMP_MARK}{os.getpid()}')
@@ -66,115 +66,107 @@ def _remove_stale_tmp(path: str) -> None:
             os.remove(tmp)
 
 
-def atomic_write(path: str, write: Callable, mode: str = 'wb') -> None:
-    """Create or replace ``path`` with what ``write(f)`` writes, atomically.
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    The data goes to a temporary file beside ``path``, is flushed and fsynced, and is renamed
-    over ``path``; on any exception (KeyboardInterrupt included) the temporary file is removed
-    and ``path`` is untouched.
+
+def atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Create or replace the file ``path`` with the file ``write(tmp_path)`` creates, atomically.
+
+    ``write`` gets a temporary path beside ``path`` (same directory, so the rename cannot cross
+    file systems). The file it leaves there is fsynced and renamed over ``path``; on any
+    exception (KeyboardInterrupt included) the temporary file is removed and ``path`` is
+    untouched.
     """
     path = osp.abspath(path)
     os.makedirs(osp.dirname(path), exist_ok=True)
     _remove_stale_tmp(path)
     tmp = _tmp_path(path)
     try:
-        with builtins.open(tmp, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
+        _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-    # make the rename itself durable
-    with contextlib.suppress(OSError):
-        fd = os.open(osp.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        _fsync(osp.dirname(path))
 
 
-def save_checkpoint_atomic(checkpoint: dict, filename: str, file_client_args=None,
-                           backend_args=None) -> None:
-    """``mmengine.runner.checkpoint.save_checkpoint`` with atomic local files (see above)."""
-    from mmengine.fileio import LocalBackend, get_file_backend
-    if file_client_args is None and isinstance(filename, str) and '://' not in filename:
-        backend = get_file_backend(filename, backend_args=backend_args)
-        if isinstance(backend, LocalBackend):
-            atomic_write(filename, lambda f: _serialize(checkpoint, f))
+def atomic_write_text(path: str, text: str) -> None:
+    """:func:`atomic_write` of a small text file (``last_checkpoint``)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, 'w') as f:
+            f.write(text)
+
+    atomic_write(path, write)
+
+
+# -------------------------------------------------------------------------------- saving
+@HOOKS.register_module()
+class AtomicCheckpointHook(CheckpointHook):
+    """``CheckpointHook`` (same arguments) whose saves cannot leave ``--resume`` without a file.
+
+    Differences from MMEngine's, in :meth:`_save_checkpoint_with_step` only:
+    ``last_checkpoint`` is written atomically (:func:`atomic_write_text`), and the checkpoint
+    that ``max_keep_ckpts`` retires is removed after the new one and ``last_checkpoint`` are
+    in place, not before. The checkpoint file itself is written by the runner: atomically by
+    :class:`~mmvitswin.openmmlab.engine.runner.SafeCheckpointRunner` (our configs' and tools'
+    runner, which also puts this hook in place of a plain ``CheckpointHook``).
+    """
+
+    def _retire_oldest(self, runner, step: int) -> Optional[str]:
+        """MMEngine's ``max_keep_ckpts`` bookkeeping; returns the checkpoint to remove after
+        the save of ``step`` (None: nothing to remove)."""
+        if self.max_keep_ckpts <= 0:
+            return None
+        # _save_checkpoint and _save_best_checkpoint may both save this step
+        if len(self.keep_ckpt_ids) > 0 and self.keep_ckpt_ids[-1] == step:
+            return None
+        retired = None
+        if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
+            oldest = self.keep_ckpt_ids.popleft()
+            retired = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(oldest))
+        self.keep_ckpt_ids.append(step)
+        runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
+        return retired
+
+    def _save_checkpoint_with_step(self, runner, step, meta):
+        retired = self._retire_oldest(runner, step)
+        ckpt_filename = self.filename_tmpl.format(step)
+        self.last_ckpt = self.file_backend.join_path(self.out_dir, ckpt_filename)
+        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+        runner.save_checkpoint(
+            self.out_dir,
+            ckpt_filename,
+            self.file_client_args,
+            save_optimizer=self.save_optimizer,
+            save_param_scheduler=self.save_param_scheduler,
+            meta=meta,
+            by_epoch=self.by_epoch,
+            backend_args=self.backend_args,
+            **self.args)
+        if not is_main_process():
             return
-    _ORIGINAL['save_checkpoint'](checkpoint, filename, file_client_args=file_client_args,
-                                 backend_args=backend_args)
-
-
-class _AtomicTextFile:
-    """What ``open(path, 'w')`` returns for ``last_checkpoint``: text gathered, then written
-    atomically when the ``with`` block ends without an exception."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.parts: List[str] = []
-
-    def write(self, text: str) -> int:
-        self.parts.append(text)
-        return len(text)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            data = ''.join(self.parts)
-            atomic_write(self.path, lambda f: f.write(data), mode='w')
-        return False
-
-
-def _hook_open(file, mode='r', *args, **kwargs):
-    """``open`` as seen by mmengine's checkpoint_hook module: its ``last_checkpoint`` write
-    becomes atomic, everything else is the builtin."""
-    if isinstance(file, str) and mode == 'w' and osp.basename(file) == 'last_checkpoint' \
-            and not args and not kwargs:
-        return _AtomicTextFile(file)
-    return builtins.open(file, mode, *args, **kwargs)
-
-
-class _DeferRemoval:
-    """File-backend proxy that records removals instead of doing them (see item 3 above)."""
-
-    def __init__(self, backend):
-        self._backend = backend
-        self.pending: List[tuple] = []
-
-    def remove(self, path):
-        self.pending.append(('remove', path))
-
-    def rmtree(self, path):
-        self.pending.append(('rmtree', path))
-
-    def __getattr__(self, name):
-        return getattr(self._backend, name)
-
-
-def _save_checkpoint_with_step(self, runner, step, meta):
-    """CheckpointHook's method, with old checkpoints removed only after the new one is saved."""
-    backend = self.file_backend
-    proxy = _DeferRemoval(backend)
-    self.file_backend = proxy
-    try:
-        _ORIGINAL['_save_checkpoint_with_step'](self, runner, step, meta)
-    finally:
-        self.file_backend = backend
-    for op, path in proxy.pending:
+        atomic_write_text(osp.join(runner.work_dir, POINTER_FILE), self.last_ckpt)
+        if retired is None or retired == self.last_ckpt:
+            return
         with contextlib.suppress(FileNotFoundError):
-            getattr(backend, op)(path)
+            if self.file_backend.isfile(retired):
+                self.file_backend.remove(retired)
+            elif self.file_backend.isdir(retired):  # checkpoints saved by deepspeed
+                self.file_backend.rmtree(retired)
 
 
-# ------------------------------------------------------------------------------- resume
+# -------------------------------------------------------------------------------- resume
 def is_complete_checkpoint(path: str) -> Optional[str]:
     """None when ``path`` is a complete checkpoint file, else why not (one short phrase)."""
-    from ...core.checkpoint.loading import CheckpointError, check_checkpoint_file
     try:
         check_checkpoint_file(path)
     except CheckpointError as exc:
@@ -188,11 +180,10 @@ def find_latest_complete_checkpoint(work_dir: str) -> Optional[str]:
     ``last_checkpoint``'s target when it is complete; else the newest complete ``*.pth`` in
     ``work_dir`` (a warning names the skipped file and why); None when there is none.
     """
-    from mmengine.logging import print_log
-    pointer = osp.join(work_dir, 'last_checkpoint')
+    pointer = osp.join(work_dir, POINTER_FILE)
     named = None
     if osp.isfile(pointer):
-        with builtins.open(pointer) as f:
+        with open(pointer) as f:
             named = f.read().strip() or None
     if named is not None and '://' in named:
         return named  # remote backend: MMEngine's business
@@ -200,10 +191,9 @@ def find_latest_complete_checkpoint(work_dir: str) -> Optional[str]:
         problem = is_complete_checkpoint(named)
         if problem is None:
             return named
-        why = f'last_checkpoint names {named}, which is not usable ({problem})'
+        why = f'{POINTER_FILE} names {named}, which is not usable ({problem})'
     else:
-        why = ('last_checkpoint is empty' if osp.isfile(pointer) else
-               'no last_checkpoint file')
+        why = f'{POINTER_FILE} is empty' if osp.isfile(pointer) else f'no {POINTER_FILE} file'
     candidates = sorted(glob.glob(osp.join(glob.escape(work_dir), '*.pth')),
                         key=lambda p: osp.getmtime(p), reverse=True)
     for path in candidates:
@@ -215,36 +205,3 @@ def find_latest_complete_checkpoint(work_dir: str) -> Optional[str]:
         print_log(f'resume: {why}, and no complete checkpoint is left in {work_dir}; '
                   'training starts from the beginning', logger='current', level=30)
     return None
-
-
-_ORIGINAL: dict = {}
-
-
-def install_atomic_checkpoints() -> None:
-    """Patch MMEngine's checkpoint writing and resume lookup as described above. Idempotent."""
-    global _installed
-    if _installed:
-        return
-    import importlib
-
-    import mmengine.hooks.checkpoint_hook as hook_module
-    import mmengine.runner as runner_package
-    import mmengine.runner.checkpoint as ckpt_module
-    import mmengine.runner.runner as runner_module
-    from mmengine.hooks import CheckpointHook
-
-    _ORIGINAL['save_checkpoint'] = ckpt_module.save_checkpoint
-    _ORIGINAL['_save_checkpoint_with_step'] = CheckpointHook._save_checkpoint_with_step
-    modules = [ckpt_module, runner_module, runner_package]
-    try:
-        modules.append(importlib.import_module('mmengine.runner._flexible_runner'))
-    except ImportError:
-        pass
-    for module in modules:
-        if hasattr(module, 'save_checkpoint'):
-            module.save_checkpoint = save_checkpoint_atomic
-        if hasattr(module, 'find_latest_checkpoint'):
-            module.find_latest_checkpoint = find_latest_complete_checkpoint
-    hook_module.open = _hook_open
-    CheckpointHook._save_checkpoint_with_step = _save_checkpoint_with_step
-    _installed = True

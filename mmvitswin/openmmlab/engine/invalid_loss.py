@@ -1,59 +1,60 @@
 """A NaN/Inf loss stops training with a message that says where.
 
-The configs in ``configs/`` enable MMDetection 3.3's own ``CheckInvalidLossHook`` (interval 1;
-``mmdet.CheckInvalidLossHook`` from the mmseg scope: MMSegmentation 1.2 and MMEngine 0.10.7 ship
-no such check). The hook asserts ``torch.isfinite(loss)``, but its assertion carries no message
-(it logs 'loss become infinite or NaN!' and raises a bare ``AssertionError``).
-:func:`install_invalid_loss_message` (run when :mod:`mmvitswin` is imported) keeps that check
-as it is and only gives the ``AssertionError`` a message naming the iteration, the epoch and
+MMDetection 3.3's ``CheckInvalidLossHook`` asserts ``torch.isfinite(loss)`` with no message (it
+logs 'loss become infinite or NaN!' and raises a bare ``AssertionError``); MMSegmentation 1.2
+and MMEngine 0.10.7 ship no such check. Our configs use :class:`FiniteLossHook` instead (same
+check, same ``interval`` argument, any scope), whose error names the iteration, the epoch and
 the loss terms::
 
-    AssertionError: CheckInvalidLossHook: the loss is nan at iteration 3 (epoch 1):
-    loss_cls=0.71, loss_bbox=nan, ... -- training stopped.
+    AssertionError: FiniteLossHook: the loss is nan at iteration 3 (epoch 1):
+    loss_cls=0.71, loss_bbox=nan, ... -- training stopped. ...
+
+It stays an ``AssertionError``, as mmdet's, so code that catches that one catches this one.
 """
-import math
+from typing import Optional
 
-_installed = False
+import torch
+from mmengine.hooks import Hook
+
+from ..registry import HOOKS
+from ...core.validate import check_positive_int
 
 
-def _describe(outputs) -> str:
+def describe_losses(outputs: Optional[dict]) -> str:
+    """``'loss_cls=0.71, loss_bbox=nan'``: every scalar entry of the train step's outputs."""
     parts = []
     for key, value in (outputs or {}).items():
         try:
             number = float(value)
-        except (TypeError, ValueError, RuntimeError):
+        except (TypeError, ValueError, RuntimeError):  # not a scalar
             continue
         parts.append(f'{key}={number:.4g}')
     return ', '.join(parts)
 
 
-def install_invalid_loss_message() -> None:
-    """Wrap mmdet's ``CheckInvalidLossHook.after_train_iter`` (see module docstring)."""
-    global _installed
-    if _installed:
-        return
-    try:
-        from mmdet.engine.hooks.checkloss_hook import CheckInvalidLossHook
-    except ImportError:  # mmdet not installed: nothing to improve
-        return
-    original = CheckInvalidLossHook.after_train_iter
+@HOOKS.register_module()
+class FiniteLossHook(Hook):
+    """Stop training at the first non-finite total loss (``outputs['loss']``), checked every
+    ``interval`` iterations, with an ``AssertionError`` naming the iteration (1-based, as the
+    log counts), the epoch and every loss term. Config::
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        try:
-            original(self, runner, batch_idx, data_batch, outputs)
-        except AssertionError as exc:
-            if exc.args and exc.args[0]:
-                raise
-            loss = float((outputs or {}).get('loss', math.nan))
-            epoch = f' (epoch {runner.epoch + 1})' if getattr(runner, 'epoch', None) is not None \
-                else ''
-            raise AssertionError(
-                f'CheckInvalidLossHook: the loss is {loss} at iteration {runner.iter + 1}'
-                f'{epoch}: {_describe(outputs)} -- training stopped. Lower the learning rate, '
-                f'enable gradient clipping (optim_wrapper.clip_grad) or check the data of this '
-                f'iteration.') from None
+        custom_hooks = [dict(type='mmvitswin.FiniteLossHook', interval=1)]
+    """
 
-    after_train_iter.__wrapped__ = original
-    after_train_iter.__doc__ = original.__doc__
-    CheckInvalidLossHook.after_train_iter = after_train_iter
-    _installed = True
+    def __init__(self, interval: int = 50) -> None:
+        self.interval = check_positive_int('interval', interval)
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs: Optional[dict] = None) -> None:
+        if not self.every_n_train_iters(runner, self.interval):
+            return
+        loss = (outputs or {}).get('loss')
+        if loss is None or bool(torch.isfinite(torch.as_tensor(loss)).all()):
+            return
+        value = float(torch.as_tensor(loss).float().sum())
+        epoch = getattr(runner, 'epoch', None)
+        where = f' (epoch {epoch + 1})' if epoch is not None else ''
+        raise AssertionError(
+            f'FiniteLossHook: the loss is {value} at iteration {runner.iter + 1}{where}: '
+            f'{describe_losses(outputs)} -- training stopped. Lower the learning rate, enable '
+            f'gradient clipping (optim_wrapper.clip_grad) or check the data of this iteration.')

@@ -12,6 +12,9 @@ Fixes for this stack that they apply:
 - ``persistent_workers=True`` with ``num_workers=0`` makes PyTorch's DataLoader raise.
 - ``--amp`` on a CPU-only machine: MMEngine's ``AmpOptimWrapper`` refuses CPU, so it trains in
   bf16 through our ``CPUAmpOptimWrapper`` (:mod:`mmvitswin.openmmlab.engine.amp`).
+- A config that names no ``runner_type`` runs on our ``SafeCheckpointRunner``
+  (:mod:`mmvitswin.openmmlab.engine.runner`: weights-only ``--resume``/``load_from`` under
+  torch >= 2.6, atomic checkpoint files, resume from the newest complete checkpoint).
 
 Every user error is a :class:`ToolError`: the tools print it and exit with status 2.
 """
@@ -21,8 +24,13 @@ from typing import Any, List, Optional
 
 import torch
 from mmengine.config import Config, ConfigDict
+from mmengine.registry import RUNNERS
+
+from .amp import apply_amp
+from .safe_load import UntrustedCheckpointError, check_trusted
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
+DEFAULT_RUNNER = 'mmvitswin.SafeCheckpointRunner'
 DATALOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 
 
@@ -97,8 +105,11 @@ def prepare_config(cfg: Config, config_path: str, launcher: str = 'none',
         _check_checkpoint(load_from, 'checkpoint')
         cfg.load_from = load_from
 
+    note = select_runner(cfg)
+    if note:
+        notes.append(note)
+
     if amp:
-        from .amp import apply_amp
         try:
             notes.append(apply_amp(cfg.optim_wrapper, cuda, amp_dtype))
         except ValueError as exc:
@@ -128,6 +139,23 @@ def prepare_config(cfg: Config, config_path: str, launcher: str = 'none',
     return notes
 
 
+def select_runner(cfg: Config) -> Optional[str]:
+    """Give a config that names no ``runner_type`` our ``SafeCheckpointRunner``; returns a note
+    for the log when it did (a config's own choice is kept)."""
+    if cfg.get('runner_type') is not None:
+        return None
+    cfg.runner_type = DEFAULT_RUNNER
+    return (f'runner: {DEFAULT_RUNNER.split(".")[-1]} (weights-only resume/load_from, atomic '
+            'checkpoints); the config names no runner_type')
+
+
+def build_runner(cfg: Config):
+    """The runner ``cfg.runner_type`` names (:func:`select_runner` first, if it names none),
+    built by MMEngine's ``RUNNERS`` in the config's scope."""
+    select_runner(cfg)
+    return RUNNERS.build(cfg)
+
+
 def _check_checkpoint(path: str, what: str) -> None:
     """Exists and would pass the safe loader (checked on the pickle only, without tensors)."""
     if '://' in path:
@@ -135,7 +163,6 @@ def _check_checkpoint(path: str, what: str) -> None:
     path = osp.expanduser(path)
     if not osp.isfile(path):
         raise ToolError(f'{what} file not found: {path}')
-    from .safe_load import UntrustedCheckpointError, check_trusted
     try:
         check_trusted(path)
     except UntrustedCheckpointError as exc:

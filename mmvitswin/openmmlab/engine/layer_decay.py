@@ -6,13 +6,10 @@ token), ``i + 1`` for transformer block ``i``, ``num_layers + 1`` for everything
 ``base_lr * layer_decay_rate ** (num_layers + 1 - depth)``, so the head trains at ``base_lr`` and
 earlier blocks progressively slower.
 
-Depth rules:
-
-- a backbone with ``get_layer_depth(name)`` (our ViT, ViTAdapter, hybrid ViT) decides itself;
-- our ``SwinTransformer`` counts blocks across stages: patch embedding (and absolute pos-embed)
-  0, overall block ``j`` -> ``j + 1``, the patch merging of stage ``s`` shares the depth of the
-  last block of ``s``, the per-stage output norms ``num_layers + 1``; ``num_layers =
-  sum(depths)``.
+The backbone decides the depths (the backbone protocol of :mod:`mmvitswin.core.backbones`,
+no ``isinstance`` here): ``get_layer_depth(name)`` and ``num_layers_for_decay`` (the ViTs:
+their blocks; Swin: every block of every stage, the patch merging of a stage with its last
+block). A backbone without ``num_layers_for_decay`` gives its ``num_layers``.
 
 Weight decay follows BEiT/ViTDet: none for 1-D parameters (norm weights, biases) and for
 position embeddings, CLS tokens and relative-position tables (``no_weight_decay_names``
@@ -22,7 +19,6 @@ Registered as ``LayerDecayOptimWrapperConstructor`` (not ``LayerDecayOptimizerCo
 mmseg already owns that name for BEiT/ConvNeXt, and the registry bridge would replace it in
 mmseg configs).
 """
-import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch.nn as nn
@@ -38,21 +34,6 @@ _PARAMWISE_KEYS = {'num_layers', 'layer_decay_rate', 'no_weight_decay_names'}
 
 
 # ------------------------------------------------------------------------ pure functions
-def swin_layer_depth(name: str, depths: Sequence[int]) -> int:
-    """Depth of a SwinTransformer parameter (name relative to the backbone)."""
-    total = sum(depths)
-    if name.startswith('patch_embed.') or name == 'absolute_pos_embed':
-        return 0
-    m = re.match(r'stages\.(\d+)\.(blocks\.(\d+)|downsample)\.', name)
-    if m:
-        stage = int(m.group(1))
-        offset = sum(depths[:stage])
-        if m.group(3) is not None:
-            return offset + int(m.group(3)) + 1
-        return offset + depths[stage]  # with the last block of its stage
-    return total + 1
-
-
 def layer_lr_scale(depth: int, num_layers: int, rate: float) -> float:
     """``rate ** (num_layers + 1 - depth)``."""
     return rate**(num_layers + 1 - depth)
@@ -78,14 +59,14 @@ def find_backbone(model: nn.Module) -> Tuple[str, Optional[nn.Module]]:
 
 
 def _depth_rule(backbone: nn.Module) -> Optional[Tuple[Callable[[str], int], int]]:
-    """(name -> depth, num_layers) for a backbone we know, else None."""
-    if callable(getattr(backbone, 'get_layer_depth', None)):
-        return backbone.get_layer_depth, int(backbone.num_layers)
-    from ...core.backbones.swin import SwinTransformer
-    if isinstance(backbone, SwinTransformer):
-        depths = tuple(backbone.depths)
-        return (lambda name: swin_layer_depth(name, depths)), sum(depths)
-    return None
+    """(name -> depth, num_layers) from a backbone that answers ``get_layer_depth``, else
+    None."""
+    if not callable(getattr(backbone, 'get_layer_depth', None)):
+        return None
+    num_layers = getattr(backbone, 'num_layers_for_decay', None)
+    if num_layers is None:
+        num_layers = backbone.num_layers
+    return backbone.get_layer_depth, int(num_layers)
 
 
 # ------------------------------------------------------------------------- constructor

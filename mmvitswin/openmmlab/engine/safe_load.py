@@ -1,4 +1,4 @@
-"""Loading runner checkpoints under torch's ``weights_only`` unpickler.
+"""Reading runner checkpoints under torch's ``weights_only`` unpickler.
 
 Since torch 2.6, ``torch.load`` defaults to ``weights_only=True``: it rebuilds tensors and plain
 containers but refuses any other pickled global. MMEngine 0.10.7 calls ``torch.load`` without
@@ -7,10 +7,14 @@ the argument, so ``--resume`` and ``load_from`` of its own runner checkpoints fa
 ``HistoryBuffer`` objects (whose state is numpy arrays) and numpy scalars.
 
 Instead of turning ``weights_only`` off for every file (which lets a checkpoint run arbitrary
-code), :func:`install_safe_loading` allow-lists exactly those types and replaces MMEngine's
-local and HTTP(S) checkpoint loaders with ones that explain a refusal. A file that needs
-anything else is refused with :class:`UntrustedCheckpointError`; to load a file you trust
-anyway, set ``MMVITSWIN_TRUST_CHECKPOINTS=1`` for that run.
+code), :func:`load_runner_checkpoint` reads local files and http(s) URLs through the core's
+file reader (:mod:`mmvitswin.core.checkpoint.files`: the one fetch path, the damaged-file
+checks, the numpy allow-list) with exactly the runner's extra types allowed, for this call
+only. :class:`~mmvitswin.openmmlab.engine.runner.SafeCheckpointRunner` (our configs' and tools'
+runner) loads ``--resume`` and ``load_from`` files with it; MMEngine's own loaders and torch's
+process-wide allow-list are left as they are. A file that needs anything else is refused with
+:class:`UntrustedCheckpointError`; to load a file you trust anyway, set
+``MMVITSWIN_TRUST_CHECKPOINTS=1`` for that run.
 
 On torch < 2.6 (see :mod:`mmvitswin.core.compat`) the allow-list cannot be expressed
 (``add_safe_globals`` is missing, or rejects the ``(object, "module.name")`` entries it needs) and
@@ -20,19 +24,18 @@ safe against a malicious file (unpickling can run code embedded in it): load onl
 you trust, as with plain MMDetection/MMSegmentation on that torch. ``WEIGHTS_ONLY_LOADING``
 tells which behaviour is in force; nothing is refused when it is False.
 """
-import os
 import os.path as osp
 import pickle
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional
 
-import torch
 from mmengine.logging import HistoryBuffer
+from mmengine.runner import CheckpointLoader
 
-from ...core import compat
 from ...core.checkpoint import files
 from ...core.checkpoint.files import (TRUST_ENV, WEIGHTS_ONLY_LOADING,  # noqa: F401
                                       UntrustedCheckpointError)
 
+_URL_PREFIXES = ('http://', 'https://')
 # HistoryBuffer pickles its statistics methods (a dict of functions defined on the class) as
 # ``getattr(HistoryBuffer, 'min')``. A real ``getattr`` in the allow-list would let a file walk
 # from any allowed object to arbitrary code, so ``builtins.getattr`` maps to this stand-in.
@@ -48,27 +51,27 @@ def _history_buffer_method(owner, name: str):
         f'{name!r}); only HistoryBuffer statistics methods are allowed')
 
 
-def checkpoint_safe_globals() -> list:
-    """Every non-tensor global that MMEngine/MMDetection/MMSegmentation runner checkpoints hold.
+def runner_globals() -> list:
+    """What an MMEngine runner checkpoint holds beyond tensors, containers and numpy's types.
 
     Found by saving real runner checkpoints (Mask R-CNN and UPerNet, 1 and 2 processes) and
     listing ``torch.serialization.get_unsafe_globals_in_checkpoint``: the message hub's
     ``HistoryBuffer`` (with ``getattr`` for its methods, restricted: see
-    :func:`_history_buffer_method`) and the numpy arrays/scalars/dtypes inside it. Optimizer,
-    scheduler, ``meta`` (config text, dataset classes and palette) and model state are plain
-    containers, numbers, strings and tensors, which the weights-only unpickler accepts as is.
+    :func:`_history_buffer_method`); the numpy arrays/scalars/dtypes inside it are the core's
+    allow-list. Optimizer, scheduler, ``meta`` (config text, dataset classes and palette) and
+    model state are plain containers, numbers, strings and tensors.
     """
-    return [HistoryBuffer, (_history_buffer_method, 'builtins.getattr')] + files.numpy_globals()
-
-
-def runner_globals() -> list:
-    """What a runner checkpoint holds beyond numpy's types (see :func:`checkpoint_safe_globals`)."""
     return [HistoryBuffer, (_history_buffer_method, 'builtins.getattr')]
+
+
+def allowed_names() -> set:
+    """Qualified names of every global a runner checkpoint may hold (numpy's included)."""
+    return files.allowed_names(runner_globals())
 
 
 def safe_torch_load(file, map_location=None, source: Optional[str] = None):
     """:func:`mmvitswin.core.checkpoint.files.safe_torch_load` with the runner-checkpoint
-    types (:func:`checkpoint_safe_globals`) allowed as well."""
+    types (:func:`runner_globals`) allowed as well."""
     return files.safe_torch_load(file, map_location=map_location, source=source,
                                  extra_globals=runner_globals())
 
@@ -78,62 +81,26 @@ def check_trusted(file: str) -> None:
     files.check_trusted(file, extra_globals=runner_globals())
 
 
-def load_from_local(filename: str, map_location=None):
-    """MMEngine's local-file checkpoint scheme, through :func:`safe_torch_load`."""
-    filename = osp.expanduser(filename)
-    if not osp.isfile(filename):
-        raise FileNotFoundError(f'{filename} can not be found.')
-    from ...core.checkpoint.files import check_checkpoint_file  # empty/truncated/foreign: say so, not "untrusted"
-    check_checkpoint_file(filename)
-    return safe_torch_load(filename, map_location=map_location)
+def load_runner_checkpoint(filename: str, map_location=None):
+    """A runner checkpoint (``--resume``, ``load_from``) from a local path or an http(s) URL,
+    weights-only with the runner's types allowed.
 
-
-def _download(url: str, model_dir: Optional[str]) -> str:
-    """Download ``url`` into torch hub's checkpoint cache (same place ``load_url`` uses)."""
-    from urllib.parse import urlparse
-    model_dir = model_dir or osp.join(torch.hub.get_dir(), 'checkpoints')
-    os.makedirs(model_dir, exist_ok=True)
-    path = osp.join(model_dir, osp.basename(urlparse(url).path))
-    if not osp.exists(path):
-        try:
-            torch.hub.download_url_to_file(url, path, progress=False)
-        except Exception as exc:  # offline: name the URL, the cache path and the way out
-            from ...core.checkpoint.files import download_error
-            raise download_error(url, exc, path) from None
-    return path
-
-
-def load_from_http(filename: str, map_location=None, model_dir: Optional[str] = None):
-    """MMEngine's HTTP(S) checkpoint scheme: download (rank 0 first), then safe-load."""
-    from mmengine.dist import get_dist_info
-    rank, world_size = get_dist_info()
-    if rank == 0:
-        path = _download(filename, model_dir)
-    if world_size > 1:
-        torch.distributed.barrier()
-        if rank > 0:
-            path = _download(filename, model_dir)
+    URLs are fetched by :func:`mmvitswin.core.checkpoint.files.fetch_checkpoint` (torch hub's
+    cache, rank 0 first); a missing, empty, truncated or foreign file is one
+    :class:`~mmvitswin.core.checkpoint.files.CheckpointError` naming it and the cause, a file
+    with pickled code :class:`UntrustedCheckpointError`. Other schemes (``open-mmlab://``,
+    ``s3://`` ...) are MMEngine's ``CheckpointLoader``'s.
+    """
+    if filename.startswith(_URL_PREFIXES):
+        path = files.fetch_checkpoint(filename)
+    elif '://' in filename:
+        return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
+    else:
+        path = osp.expanduser(filename)
+    files.check_checkpoint_file(path, source=filename)
     return safe_torch_load(path, map_location=map_location, source=filename)
 
 
-_installed = False
-
-
-def install_safe_loading() -> None:
-    """Allow-list runner-checkpoint types for ``torch.load`` and route MMEngine through us.
-
-    Idempotent. Called when :mod:`mmvitswin` is imported, so configs with
-    ``custom_imports=['mmvitswin']`` and our tools get working ``--resume``/``load_from``. On
-    torch < 2.6 the loaders installed behave as MMEngine's own (full pickle).
-    """
-    global _installed
-    if _installed:
-        return
-    # Global allow-list: covers torch.load calls that do not go through CheckpointLoader
-    # (a no-op on torch < 2.6, which does not default to weights-only).
-    compat.add_safe_globals(checkpoint_safe_globals())
-    from mmengine.runner import CheckpointLoader
-    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
-    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=load_from_http,
-                                     force=True)
-    _installed = True
+__all__: List[str] = ['TRUST_ENV', 'WEIGHTS_ONLY_LOADING', 'UntrustedCheckpointError',
+                      'runner_globals', 'allowed_names', 'safe_torch_load', 'check_trusted',
+                      'load_runner_checkpoint']
