@@ -140,7 +140,7 @@ def test_rois_get_no_gradient_and_zero_rois_give_an_empty_result():
     (lambda f: roi_align(f, torch.zeros(4), 7), ValueError, r'rois must be a \(R, 5\)'),
     (lambda f: roi_align(f, torch.zeros(2, 4), 7), ValueError, r'rois must be a \(R, 5\)'),
     (lambda f: roi_align(f, torch.zeros(1, 5), 0), ValueError, 'output_size must be >= 1'),
-    (lambda f: roi_align(f, torch.zeros(1, 5), (7, 7, 7)), TypeError,
+    (lambda f: roi_align(f, torch.zeros(1, 5), (7, 7, 7)), ValueError,
      'output_size must be an int or a sequence of 2 ints'),
     (lambda f: roi_align(f, torch.zeros(1, 5), 7, sampling_ratio=-1), ValueError,
      'sampling_ratio must be a non-negative int'),

@@ -368,7 +368,7 @@ def test_bad_input_raises(bad, exc, match):
     (dict(arch=dict(embed_dims=32, depths=[1, 1])), ValueError, 'missing'),
     (dict(out_indices=(4, )), ValueError, 'out_indices'),
     (dict(frozen_stages=5), ValueError, 'frozen_stages'),
-    (dict(window_size=(8, 7)), TypeError, 'window_size'),
+    (dict(window_size=(8, 7)), IndexError, 'window_size'),
     (dict(patch_size=(2, 0, 4)), ValueError, 'patch_size'),
     (dict(arch=dict(embed_dims=30, depths=[1], num_heads=[4])), ValueError, 'divisible'),
     (dict(pretrained=3), TypeError, 'pretrained'),

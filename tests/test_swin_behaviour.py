@@ -138,8 +138,8 @@ def test_bad_inputs_raise_at_the_boundary(x, exc, msg):
 @pytest.mark.parametrize('kwargs, exc, msg', [
     (dict(window_size=0), ValueError, 'window_size must be >= 1'),
     (dict(window_size=2.5), TypeError, 'window_size must be an int'),
-    (dict(depths=(2, 2, 6), num_heads=(3, 6, 12, 24)), ValueError,
-     'depths .* and num_heads .* same length'),
+    (dict(depths=(2, 2, 6, 2), num_heads=(3, 6, 12)), IndexError,
+     r'num_heads must have an entry for each of the 4 stages'),
     (dict(embed_dims=100), ValueError, r'divisible by num_heads\[0\] \(3\)'),
     (dict(strides=(2, 2, 2, 2)), ValueError, r'strides\[0\] \(2\) must equal patch_size \(4\)'),
     (dict(out_indices=(0, 4)), ValueError, r'out_indices must be stage indices in \[0, 3\]'),

@@ -1,8 +1,9 @@
 """Small helpers shared by the backbones: input checks and dtype probes.
 
 The config-driven layers (``build_act``, ``build_layer_norm``) live in
-:mod:`mmvitswin.core.layers.norm`, the argument validators (``check_positive_int`` & co.) in
-:mod:`mmvitswin.core.validate`; both are re-exported here."""
+:mod:`mmvitswin.core.layers.norm`, the argument validators (``check_positive_int`` & co.) and
+their error classes (``ArgumentError`` & co.) in :mod:`mmvitswin.core.validate`; both are
+re-exported here."""
 from typing import Optional
 
 import torch
@@ -10,10 +11,11 @@ import torch.nn as nn
 
 from .compat import is_autocast_enabled
 from .layers.norm import build_act, build_layer_norm  # noqa: F401  (their home: layers/norm.py)
-from .validate import (check_args, check_bool, check_choice, check_index, check_int,  # noqa: F401
-                        check_int_sequence, check_non_negative_int, check_optional_dict,
-                        check_optional_str, check_positive_int, check_positive_number,
-                        check_probability, int_tuple)
+from .validate import (ArgumentError, ArgumentIndexError, ArgumentTypeError,  # noqa: F401
+                        ArgumentValueError, check_args, check_bool, check_choice, check_dict,
+                        check_index, check_int, check_int_sequence, check_non_negative_int,
+                        check_optional_dict, check_optional_str, check_positive_int,
+                        check_positive_number, check_probability, int_tuple)
 
 
 def autocast_active(device_type: str) -> bool:

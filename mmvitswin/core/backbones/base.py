@@ -9,6 +9,7 @@ from typing import Iterable, List, Optional, Tuple
 import torch.nn as nn
 
 from ..checkpoint.loading import fit_checkpoint, load_pretrained
+from ..validate import ArgumentTypeError, ArgumentValueError
 
 
 def init_linear_and_norm(modules: Iterable[nn.Module]) -> None:
@@ -29,9 +30,9 @@ def pretrained_to_init_cfg(pretrained: Optional[str], init_cfg: Optional[dict]):
     if pretrained is None:
         return init_cfg
     if init_cfg is not None:
-        raise ValueError('init_cfg and pretrained cannot be set at the same time')
+        raise ArgumentValueError('init_cfg and pretrained cannot be set at the same time')
     if not isinstance(pretrained, str):
-        raise TypeError(f'pretrained must be a str (path or URL) or None, got '
+        raise ArgumentTypeError(f'pretrained must be a str (path or URL) or None, got '
                         f'{type(pretrained).__name__}')
     warnings.warn('pretrained is deprecated, use init_cfg=dict(type="Pretrained", '
                   'checkpoint=...) instead', DeprecationWarning)

@@ -5,6 +5,7 @@ Output-size rule: for an input ``(B, C, H, W)`` the patch embedding gives a grid
 patch merging halves it rounding up: stage ``i`` has ``ceil(H / (patch_size * 2**i))`` rows.
 Swin-T at 224x224 returns (96, 56, 56), (192, 28, 28), (384, 14, 14), (768, 7, 7).
 """
+import numbers
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -14,7 +15,8 @@ import torch.utils.checkpoint as cp
 from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA, build_act,
                       build_layer_norm, drop_path_schedule, resize_pos_embed, resolve_arch,
                       resolve_indices, to_tuple, validate_stages)
-from ..utils import check_args, check_image_input, check_int_sequence, check_positive_int
+from ..utils import (ArgumentIndexError, ArgumentTypeError, ArgumentValueError, check_args,
+                     check_dict, check_image_input, check_int_sequence, check_positive_int)
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -92,31 +94,89 @@ class SwinStage(nn.Module):
 
 def validate_swin_config(embed_dims, depths, num_heads, patch_size, window_size, strides,
                          out_indices, frozen_stages) -> Tuple[int, ...]:
-    """Raise a ValueError/TypeError naming the bad argument (called by the constructor);
-    returns ``out_indices`` as a tuple."""
+    """The stage-layout checks of a Swin with one stride per stage (Swin V2 here): raise an
+    :class:`~mmvitswin.core.validate.ArgumentError` naming the bad argument; returns
+    ``out_indices`` as a tuple."""
     check_positive_int('patch_size', patch_size)
     depths = validate_stages(embed_dims, depths, num_heads, frozen_stages)['depths']
     strides = check_int_sequence('strides', strides, low=1)
     if len(strides) != len(depths):
-        raise ValueError(f'strides must have one entry per stage ({len(depths)}), got {strides}')
-    if strides[0] != patch_size:
-        raise ValueError(f'strides[0] ({strides[0]}) must equal patch_size ({patch_size}): the '
-                         'patch embedding is non-overlapping')
-    if any(s != 2 for s in strides[1:]):
-        raise ValueError(f'strides[1:] must all be 2 (patch merging), got {tuple(strides[1:])}')
+        raise ArgumentIndexError(f'strides must have one entry per stage ({len(depths)}), got '
+                                 f'{strides}')
+    _check_strides(strides, patch_size, len(depths))
     return resolve_indices(out_indices, len(depths))
+
+
+def _check_strides(strides: Tuple[int, ...], patch_size: int, num_stages: int) -> None:
+    if strides[0] != patch_size:
+        raise ArgumentValueError(f'strides[0] ({strides[0]}) must equal patch_size '
+                                 f'({patch_size}): the patch embedding is non-overlapping')
+    if any(s != 2 for s in strides[1:num_stages]):
+        raise ArgumentValueError(f'strides[1:] must all be 2 (2x2 patch merging), got '
+                                 f'{tuple(strides[1:num_stages])}')
+
+
+def check_mmdet_swin_layout(embed_dims, depths, num_heads, patch_size, strides, out_indices,
+                            frozen_stages) -> Tuple[Tuple[int, ...], Tuple[int, ...],
+                                                    Tuple[int, ...]]:
+    """The stage layout mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` accept, with their
+    meaning; anything else raises an :class:`~mmvitswin.core.validate.ArgumentError` naming
+    the argument (an ``AssertionError`` too, and an ``IndexError`` for a count or an index
+    out of range: what the references raise there).
+
+    - ``depths``: blocks (>= 0) per stage, any number of stages >= 1;
+    - ``num_heads`` and ``strides``: an entry for every stage; entries past the last stage are
+      ignored, as the references ignore them (a 3-stage model keeps the default 4 strides);
+    - ``strides[0] == patch_size`` (non-overlapping patch embedding), ``strides[1:]`` 2;
+    - ``out_indices``: a list or tuple of stage indices, possibly empty (no outputs);
+    - ``frozen_stages``: an int up to the number of stages; negative freezes nothing.
+
+    Returns ``(depths, num_heads, out_indices)`` as tuples, ``num_heads`` cut to the stages.
+    """
+    check_positive_int('patch_size', patch_size)
+    depths = check_int_sequence('depths', depths, low=0)
+    num_heads = check_int_sequence('num_heads', num_heads, low=1)
+    strides = check_int_sequence('strides', strides, low=1)
+    for name, value in (('num_heads', num_heads), ('strides', strides)):
+        if len(value) < len(depths):
+            raise ArgumentIndexError(f'{name} must have an entry for each of the {len(depths)} '
+                                     f'stages of depths={depths}, got {value}')
+    num_heads = num_heads[:len(depths)]
+    _check_strides(strides, patch_size, len(depths))
+    validate_stages(embed_dims, depths, num_heads, frozen_stages)
+    out_indices = resolve_indices(out_indices, len(depths), allow_empty=True, allow_int=False)
+    return depths, num_heads, out_indices
+
+
+def mmdet_pretrain_img_size(value) -> Tuple[int, int]:
+    """``pretrain_img_size`` as mmdet/mmseg read it: an int or a 2-tuple, and a 1-tuple
+    ``(s,)`` means ``(s, s)``. Other lengths: ArgumentIndexError (they assert)."""
+    if isinstance(value, tuple) and len(value) == 1:
+        value = value[0]
+    return to_tuple(value, 2, 'pretrain_img_size')
+
+
+def check_square_window(window_size) -> Tuple[int, int]:
+    """mmdet's/mmseg's ``window_size``: one int, the side of square windows."""
+    if isinstance(window_size, bool) or not isinstance(window_size, numbers.Integral):
+        raise ArgumentTypeError(f'window_size must be an int (the side of the square windows), '
+                                f'got {window_size!r}')
+    return to_tuple(window_size, 2, 'window_size')
 
 
 def check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_rate, act_cfg,
                     norm_cfg, init_cfg, qkv_bias, with_cp, **flags) -> dict:
     """Check the block arguments both Swin backbones (2-D and video) take, plus their other
-    bool ``flags`` (ValueError/TypeError naming the bad one); return the block arguments as
-    the keyword arguments of :func:`build_swin_stages`."""
+    bool ``flags`` (an :class:`~mmvitswin.core.validate.ArgumentError` naming the bad one;
+    ``act_cfg``/``norm_cfg`` must be dicts: the references build layers from them); return
+    the block arguments as the keyword arguments of :func:`build_swin_stages`."""
+    check_dict('act_cfg', act_cfg)
+    check_dict('norm_cfg', norm_cfg)
     check_args(positive=dict(mlp_ratio=mlp_ratio), optional_positive=dict(qk_scale=qk_scale),
                probabilities=dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                                   drop_path_rate=drop_path_rate),
                flags=dict(qkv_bias=qkv_bias, with_cp=with_cp, **flags),
-               cfgs=dict(act_cfg=act_cfg, norm_cfg=norm_cfg, init_cfg=init_cfg))
+               cfgs=dict(init_cfg=init_cfg))
     return dict(mlp_ratio=mlp_ratio, drop_path_rate=drop_path_rate, norm_cfg=norm_cfg,
                 qkv_bias=qkv_bias, qk_scale=qk_scale, drop_rate=drop_rate,
                 attn_drop_rate=attn_drop_rate, act_cfg=act_cfg, with_cp=with_cp)
@@ -125,11 +185,13 @@ def check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate, drop_path_ra
 def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
                       window: Tuple[int, ...], mlp_ratio: float, drop_path_rate: float,
                       norm_cfg: Optional[dict], channel_order: str = 'unfold',
-                      block_cls: type = SwinBlock, **block_kwargs) -> nn.ModuleList:
+                      block_cls: type = SwinBlock, merge_norm: bool = True,
+                      **block_kwargs) -> nn.ModuleList:
     """The stage stack of a Swin (2-D or video): stage ``i`` has ``embed_dims * 2**i``
     channels and ``depths[i]`` blocks (stochastic depth rising over all blocks), every stage
     but the last ends in a 2x2 patch merging (``channel_order``: mmdet's ``'unfold'`` or
-    mmaction2's ``'microsoft'``) with a ``norm_cfg`` LayerNorm."""
+    mmaction2's ``'microsoft'``) with a ``norm_cfg`` LayerNorm, or none without
+    ``merge_norm`` (mmdet's/mmseg's ``patch_norm=False`` drops it)."""
     rates = drop_path_schedule(drop_path_rate, depths)
     stages = nn.ModuleList()
     for i, depth in enumerate(depths):
@@ -137,7 +199,8 @@ def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequenc
         downsample = None
         if i < len(depths) - 1:
             downsample = PatchMerging(dims, 2 * dims, channel_order=channel_order)
-            downsample.norm = build_layer_norm(norm_cfg, 4 * dims)
+            downsample.norm = (build_layer_norm(norm_cfg, 4 * dims) if merge_norm else
+                               nn.Identity())
         stages.append(SwinStage(dims, num_heads[i], depth, window, mlp_ratio, rates[i],
                                 downsample=downsample, block_cls=block_cls, norm_cfg=norm_cfg,
                                 **block_kwargs))
@@ -156,6 +219,12 @@ class SwinTransformer(TransformerBackbone):
     ``backbone.`` wrappers) is detected automatically and relative-position tables and the
     absolute position embedding are resized to this model. ``convert_weights`` is accepted for
     config compatibility and is no longer needed.
+
+    Arguments are accepted and refused as mmdet's and mmseg's class do (the table with each
+    reference's behaviour is ``tests/test_reference_args.py``); where they ``assert``, ours
+    raises an :class:`~mmvitswin.core.validate.ArgumentError` naming the argument: an
+    ``AssertionError`` that is also a ``ValueError`` or ``TypeError``. ``pretrained=PATH``
+    means what it means in mmseg (load it; mmdet 3.3 drops it by accident).
     """
 
     def __init__(self,
@@ -186,25 +255,22 @@ class SwinTransformer(TransformerBackbone):
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
 
-        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS)
+        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS, exact=True)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
-        depths = check_int_sequence('depths', preset['depths'] if depths is None else depths,
-                                    low=0)
-        num_heads = check_int_sequence(
-            'num_heads', preset['num_heads'] if num_heads is None else num_heads)
-        check_int_sequence('strides', strides)
-        window = to_tuple(window_size, 2, 'window_size')
+        depths, num_heads, out_indices = check_mmdet_swin_layout(
+            embed_dims, preset['depths'] if depths is None else depths,
+            preset['num_heads'] if num_heads is None else num_heads, patch_size, strides,
+            out_indices, frozen_stages)
+        window = check_square_window(window_size)
         check_positive_int('in_channels', in_channels)
         stage_cfg = check_swin_args(mlp_ratio, qk_scale, drop_rate, attn_drop_rate,
                                     drop_path_rate, act_cfg, norm_cfg, init_cfg, qkv_bias,
                                     with_cp, patch_norm=patch_norm,
                                     use_abs_pos_embed=use_abs_pos_embed,
                                     convert_weights=convert_weights)
-        out_indices = validate_swin_config(embed_dims, depths, num_heads, patch_size, window,
-                                           tuple(strides), out_indices, frozen_stages)
 
         self.arch_settings = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads)
-        self.pretrain_img_size = to_tuple(pretrain_img_size, 2, 'pretrain_img_size')
+        self.pretrain_img_size = mmdet_pretrain_img_size(pretrain_img_size)
         self.in_channels = in_channels
         self.patch_size = patch_size
         self.window_size = window
@@ -219,13 +285,21 @@ class SwinTransformer(TransformerBackbone):
 
         self.patch_embed = PatchEmbed(in_channels, embed_dims, (patch_size, patch_size),
                                       norm=patch_norm, proj_name='projection')
+        if patch_norm:  # norm_cfg's eps and requires_grad hold here too, as in mmdet/mmseg
+            self.patch_embed.norm = build_layer_norm(norm_cfg, embed_dims)
         if use_abs_pos_embed:
             self.pretrain_grid = tuple(s // patch_size for s in self.pretrain_img_size)
+            if min(self.pretrain_grid) < 1:
+                raise ArgumentValueError(
+                    f'pretrain_img_size {self.pretrain_img_size} must be at least patch_size '
+                    f'({patch_size}) with use_abs_pos_embed=True: the position embedding has '
+                    'one entry per pretraining patch')
             self.absolute_pos_embed = nn.Parameter(
                 torch.zeros(1, self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims))
         self.drop_after_pos = nn.Dropout(drop_rate)
 
-        self.stages = build_swin_stages(embed_dims, depths, num_heads, window, **stage_cfg)
+        self.stages = build_swin_stages(embed_dims, depths, num_heads, window,
+                                        merge_norm=patch_norm, **stage_cfg)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()

@@ -9,6 +9,7 @@ dim); every patch merging halves H and W rounding up and keeps T. Swin-T at 8 x 
 returns ``(B, 768, 4, 7, 7)`` for its last stage. Windows larger than the input are clamped to
 it (and lose their shift), as in mmaction2.
 """
+import numbers
 import warnings
 from typing import Dict, Optional, Sequence, Tuple, Union
 
@@ -19,7 +20,7 @@ from ..layers import (DropPath, FcNamedFFN, PatchEmbed, WindowAttention, build_a
                       build_layer_norm, resolve_arch, resolve_indices, shifted_window_attention,
                       to_tuple, validate_stages, window_and_shift)
 from .base import TransformerBackbone
-from ..utils import check_image_input, check_positive_int
+from ..utils import ArgumentTypeError, check_image_input, check_positive_int
 from .swin import (ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS, SwinBlock, build_swin_stages,
                    check_swin_args)
 
@@ -65,11 +66,24 @@ class SwinBlock3D(nn.Module):
 def validate_swin3d_config(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
                            out_indices: Sequence[int], frozen_stages: int,
                            in_channels: int) -> Tuple[int, ...]:
-    """Raise a ValueError/TypeError naming the bad argument (called by the constructor);
-    returns ``out_indices`` as a tuple."""
+    """mmaction2 1.2's checks, with its meaning: 1 to 4 stages, ``depths`` and ``num_heads``
+    of one length, ``out_indices`` a non-empty list or tuple of stage indices. Raises an
+    :class:`~mmvitswin.core.validate.ArgumentError` naming the bad argument (an
+    ``AssertionError``, as mmaction2 asserts; an ``IndexError`` where it indexes out of
+    range); returns ``out_indices`` as a tuple."""
     check_positive_int('in_channels', in_channels)
-    depths = validate_stages(embed_dims, depths, num_heads, frozen_stages)['depths']
-    return resolve_indices(out_indices, len(depths))
+    depths = validate_stages(embed_dims, depths, num_heads, frozen_stages,
+                             max_stages=4)['depths']
+    return resolve_indices(out_indices, len(depths), allow_int=False)
+
+
+def check_window_3d(window_size) -> Tuple[int, int, int]:
+    """mmaction2's ``window_size``: a sequence of 3 ints ``(Wt, Wh, Ww)`` (it iterates it, so
+    a bare int is a TypeError there too)."""
+    if isinstance(window_size, numbers.Integral):
+        raise ArgumentTypeError(f'window_size must be a sequence of 3 ints (Wt, Wh, Ww), got '
+                                f'{window_size!r}')
+    return to_tuple(window_size, 3, 'window_size')
 
 
 class SwinTransformer3D(TransformerBackbone):
@@ -90,6 +104,12 @@ class SwinTransformer3D(TransformerBackbone):
 
     ``frozen_stages`` follows mmaction2: ``0`` freezes the patch embedding, ``k >= 1`` also the
     first ``k`` stages (the output norms stay trainable).
+
+    Arguments are accepted and refused as mmaction2 does (``tests/test_reference_args.py``
+    holds the table); where it asserts, ours raises an
+    :class:`~mmvitswin.core.validate.ArgumentError` naming the argument: an ``AssertionError``
+    that is also a ``ValueError`` or ``TypeError``. One addition: an int ``patch_size``
+    (mmaction2 documents it, then fails in its forward) means ``(p, p, p)``.
     """
 
     def __init__(self,
@@ -115,7 +135,7 @@ class SwinTransformer3D(TransformerBackbone):
                  init_cfg: Optional[Union[dict, list]] = None):
         if pretrained is not None:
             if not isinstance(pretrained, str):
-                raise TypeError(f'pretrained must be a str (path or URL) or None, got '
+                raise ArgumentTypeError(f'pretrained must be a str (path or URL) or None, got '
                                 f'{type(pretrained).__name__}')
             if init_cfg is not None:
                 warnings.warn('SwinTransformer3D: pretrained is set, so init_cfg is ignored '
@@ -123,7 +143,7 @@ class SwinTransformer3D(TransformerBackbone):
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
 
-        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS)
+        preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS, exact=True)
         embed_dims = preset['embed_dims']
         depths = tuple(preset['depths'])
         num_heads = tuple(preset['num_heads'])
@@ -134,7 +154,7 @@ class SwinTransformer3D(TransformerBackbone):
                                     with_cp, pretrained2d=pretrained2d, patch_norm=patch_norm,
                                     out_after_downsample=out_after_downsample)
         patch = to_tuple(patch_size, 3, 'patch_size')
-        window = to_tuple(window_size, 3, 'window_size')
+        window = check_window_3d(window_size)
 
         self.arch_settings = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads)
         self.pretrained = pretrained

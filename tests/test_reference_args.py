@@ -1,0 +1,542 @@
+"""Drop-in constructor arguments: ours accept and refuse what the installed references do.
+
+The oracles are the classes themselves: mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` and
+mmaction2 1.2's ``SwinTransformer3D`` (loaded from its file: ``import mmaction.models`` fails
+with the 1.2.0 wheel). Each row of a table is ``Row(kwargs, ref, ours, why)``:
+
+- ``ref``: what the reference does with ``kwargs`` (asserted here, so the table cannot drift
+  from the installed code): ``'ok'`` (builds, ``train()``/``eval()``, runs a forward),
+  ``'later'`` (builds, then fails in ``train()`` or its forward), or the name of the exception
+  its constructor raises. A dict when mmdet and mmseg differ.
+- ``ours``: ``'ok'``, or the argument our error must name.
+- ``why``: required where ours and a reference disagree on acceptance (ours stricter: the
+  reference accepts a value without meaning; ours wider: a documented addition).
+
+Both accept -> same public attributes, the same ``requires_grad``/``training`` after
+``train()``, and the same outputs at shared random weights (the reference's state dict loaded
+strictly into ours). The reference refuses -> ours refuses in its constructor with an
+``ArgumentError`` (an ``AssertionError``) that is a ``ValueError`` or ``TypeError``, names the
+argument, and is an instance of the reference's own exception where that comes from the
+reference's checks (``AssertionError``, ``TypeError``, ``ValueError``, ``IndexError``; not the
+``RuntimeError``/``ZeroDivisionError``/``KeyError`` of a crash deep inside torch or a registry).
+"""
+import importlib.util
+import os
+import warnings
+from typing import NamedTuple, Optional, Union
+
+import pytest
+import torch
+
+from mmvitswin.core.backbones.swin import SwinTransformer
+from mmvitswin.core.backbones.swin3d import SwinTransformer3D
+from mmvitswin.core.validate import (ArgumentError, ArgumentIndexError, ArgumentTypeError,
+                                     ArgumentValueError)
+
+# the reference's own checks; a reference error of another class is a crash, not a check
+CHECKED = (AssertionError, TypeError, ValueError, IndexError)
+
+
+class Row(NamedTuple):
+    kwargs: dict
+    ref: Union[str, dict]
+    ours: str = 'ok'
+    why: str = ''
+    hw: Optional[tuple] = None  # input size when the default (36, 52) does not fit
+    ref_crashes: bool = False  # the reference's exception is a crash, not one of its checks
+
+
+# --------------------------------------------------------------------------- references
+@pytest.fixture(scope='module')
+def refs_2d():
+    from mmdet.models.backbones.swin import SwinTransformer as MMDetSwin
+    from mmseg.models.backbones.swin import SwinTransformer as MMSegSwin
+    return {'mmdet': MMDetSwin, 'mmseg': MMSegSwin}
+
+
+@pytest.fixture(scope='module')
+def ref_3d():
+    import mmaction
+    import mmaction.registry
+    path = os.path.join(os.path.dirname(mmaction.__file__), 'models', 'backbones', 'swin.py')
+    spec = importlib.util.spec_from_file_location('_mmaction_swin3d_args_reference', path)
+    module = importlib.util.module_from_spec(spec)
+    registry = mmaction.registry.MODELS.module_dict
+    ours = registry.pop('SwinTransformer3D', None)  # its decorator must not meet ours
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        registry.pop('SwinTransformer3D', None)
+        if ours is not None:
+            registry['SwinTransformer3D'] = ours
+    return module.SwinTransformer3D
+
+
+def _build(cls, kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # pretrained= deprecation, 'no pre-trained weights'
+        return cls(**kwargs)
+
+
+def _reference_outcome(cls, kwargs, x):
+    """``(outcome, exception, model)``: outcome ``'ok'``, ``'later'`` or the name of the
+    constructor's exception; the model when it built (seeded: reused for the comparison)."""
+    torch.manual_seed(1)
+    try:
+        model = _build(cls, kwargs)
+    except Exception as e:  # noqa: BLE001  (the oracle's answer, whatever it is)
+        return type(e).__name__, e, None
+    try:
+        model.train()
+        model.eval()  # mmdet's/mmaction2's train() returns None
+        with torch.no_grad():
+            model(x)
+    except Exception:  # noqa: BLE001
+        return 'later', None, model
+    return 'ok', None, model
+
+
+def _channels(kwargs) -> int:
+    """Input channels for a row (3 where ``in_channels`` is not a usable count)."""
+    value = kwargs.get('in_channels', 3)
+    return value if isinstance(value, int) and value >= 1 else 3
+
+
+def _perturb(model: torch.nn.Module) -> None:
+    """Move every parameter off its init (unit norms, zero biases), so all of them matter."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+
+
+def _as_tuple(out):
+    """One map -> (map, ); mmdet/mmseg return a list of maps, ours a tuple."""
+    return tuple(out) if isinstance(out, (list, tuple)) else (out, )
+
+
+def _tuple(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _same_training_state(ref, ours) -> None:
+    ref.train()
+    ours.train()
+    ref_grad = {k: p.requires_grad for k, p in ref.named_parameters()}
+    assert ref_grad == {k: p.requires_grad for k, p in ours.named_parameters()}
+    ours_modes = dict(ours.named_modules())
+    shared = [k for k in dict(ref.named_modules()) if k in ours_modes]
+    assert len(shared) > 10
+    for name in shared:
+        assert ref.get_submodule(name).training == ours_modes[name].training, name
+
+
+def _same_outputs(ref, ours, x) -> None:
+    ref.eval()
+    ours.eval()
+    with torch.no_grad():
+        expected, got = ref(x), ours(x)
+    assert isinstance(got, torch.Tensor) == isinstance(expected, torch.Tensor)
+    expected, got = _as_tuple(expected), _as_tuple(got)
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, atol=2e-5, rtol=1e-4)
+
+
+def _check_refusal(build_ours, row, ref_errors) -> None:
+    with pytest.raises((ValueError, TypeError)) as info:
+        build_ours()
+    err = info.value
+    assert row.ours in str(err), str(err)
+    for name, ref_err in ref_errors.items():
+        if isinstance(ref_err, CHECKED) and not row.ref_crashes:
+            assert isinstance(err, type(ref_err)), (name, type(ref_err), type(err))
+            # where a reference asserts, ours is one of our argument errors
+            assert isinstance(err, ArgumentError), type(err)
+
+
+def _check_row_consistency(row, outcomes) -> None:
+    """A row where ours and a reference disagree on acceptance must say why."""
+    accepted = [o == 'ok' for o in outcomes.values()]
+    if row.ours == 'ok' and not any(accepted):
+        assert row.why, 'ours accepts what no reference accepts: say why'
+    if row.ours != 'ok' and any(accepted):
+        assert row.why, 'ours refuses what a reference accepts: say why'
+
+
+# ------------------------------------------------------------------ 2-D Swin (mmdet/mmseg)
+SMALL_2D = dict(embed_dims=32, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
+UNUSED = 'the reference accepts it only because it never reads it'
+TRUTHY = 'a switch must be True or False (the references take any truthy value: None, 0, "no")'
+
+ROWS_2D = [
+    Row(dict(), 'ok'),
+    # pretrain_img_size: int | 1- or 2-tuple (mmdet/mmseg expand a 1-tuple)
+    Row(dict(pretrain_img_size=(32, )), 'ok'),
+    Row(dict(pretrain_img_size=(32, ), use_abs_pos_embed=True), 'ok', hw=(32, 32)),
+    Row(dict(pretrain_img_size=[36, 52], use_abs_pos_embed=True), 'ok'),
+    Row(dict(pretrain_img_size=(36, 52), use_abs_pos_embed=True), 'ok'),
+    Row(dict(pretrain_img_size=(224, 224, 224)), 'AssertionError', 'pretrain_img_size'),
+    Row(dict(pretrain_img_size=()), 'AssertionError', 'pretrain_img_size'),
+    Row(dict(pretrain_img_size=[32], use_abs_pos_embed=True), 'IndexError', 'pretrain_img_size'),
+    Row(dict(pretrain_img_size=32., use_abs_pos_embed=True), 'TypeError', 'pretrain_img_size'),
+    Row(dict(pretrain_img_size=None), 'ok', 'pretrain_img_size', UNUSED),
+    Row(dict(pretrain_img_size=0, use_abs_pos_embed=True), 'later', 'pretrain_img_size'),
+    Row(dict(pretrain_img_size=2, use_abs_pos_embed=True), 'later', 'pretrain_img_size'),
+    # use_abs_pos_embed: the references add it unresized (input size == pretraining size);
+    # ours resizes it to the input
+    Row(dict(use_abs_pos_embed=True), 'later', why='ours resizes the embedding to the input'),
+    Row(dict(use_abs_pos_embed=1), 'later', 'use_abs_pos_embed'),
+    # in_channels
+    Row(dict(in_channels=1), 'ok'),
+    Row(dict(in_channels=0), 'later', 'in_channels'),
+    Row(dict(in_channels=-1), 'RuntimeError', 'in_channels'),
+    Row(dict(in_channels=3.), 'TypeError', 'in_channels'),
+    Row(dict(in_channels=True), 'ok', 'in_channels', 'True is not a channel count'),
+    # embed_dims
+    Row(dict(embed_dims=40, num_heads=(2, 4, 8, 16)), 'ok'),
+    Row(dict(embed_dims=0), 'ZeroDivisionError', 'embed_dims'),
+    Row(dict(embed_dims=32.), 'TypeError', 'embed_dims'),
+    # patch_size / strides
+    Row(dict(patch_size=2, strides=(2, 2, 2, 2)), 'ok'),
+    Row(dict(patch_size=4, strides=(2, 2, 2, 2)), 'AssertionError', 'strides'),
+    Row(dict(patch_size=(4, 4)), 'AssertionError', 'patch_size'),
+    Row(dict(patch_size=0, strides=(0, 2, 2, 2)), 'later', 'patch_size'),
+    Row(dict(strides=[4, 2, 2, 2]), 'ok'),
+    Row(dict(strides=(4, 2, 2, 2, 2)), 'ok'),  # entries past the last stage are ignored
+    Row(dict(strides=(4, 2, 2)), 'IndexError', 'strides'),
+    Row(dict(strides=(4, 1, 2, 2)), 'ok', 'strides',
+        'ours merges 2x2 patches with stride 2 only (the reference: a 2x2 kernel at stride 1)'),
+    # window_size: one int (square windows)
+    Row(dict(window_size=4), 'ok'),
+    Row(dict(window_size=1, depths=(2, 2, 2, 2)), 'ok'),
+    Row(dict(window_size=5, depths=(2, 2, 2, 2)), 'ok'),
+    Row(dict(window_size=0), 'AssertionError', 'window_size'),
+    Row(dict(window_size=-1), 'AssertionError', 'window_size'),
+    Row(dict(window_size=(7, 7)), 'TypeError', 'window_size'),
+    Row(dict(window_size=7.), 'TypeError', 'window_size'),
+    # mlp_ratio: mmdet multiplies without int() (a float fails), mmseg takes int(ratio * C)
+    Row(dict(mlp_ratio=2), 'ok'),
+    Row(dict(mlp_ratio=2.5), {'mmdet': 'TypeError', 'mmseg': 'ok'}),
+    Row(dict(mlp_ratio=4.), {'mmdet': 'TypeError', 'mmseg': 'ok'}),
+    Row(dict(mlp_ratio=0), 'ok', 'mlp_ratio', 'an FFN without hidden units outputs its bias'),
+    Row(dict(mlp_ratio=-1), 'RuntimeError', 'mlp_ratio'),
+    # depths / num_heads
+    Row(dict(depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8]), 'ok'),
+    Row(dict(depths=(2, 0, 1, 3)), 'ok'),
+    Row(dict(depths=(1, 1, 1, 1, 1), num_heads=(1, 2, 4, 8, 16), strides=(4, 2, 2, 2, 2)), 'ok',
+        hw=(64, 64)),
+    Row(dict(depths=(1, 2, 1), num_heads=(1, 2, 4), out_indices=(0, 1, 2)), 'ok'),
+    Row(dict(depths=(1, ), num_heads=(2, ), strides=(4, ), out_indices=(0, )), 'ok'),
+    # extra num_heads are ignored by the references
+    Row(dict(depths=(1, 1, 1), out_indices=(0, 2)), 'ok'),
+    Row(dict(depths=(1, 1, 1)), 'IndexError', 'out_indices'),
+    Row(dict(depths=(1, -1, 1, 1)), 'AssertionError', 'depths'),
+    Row(dict(depths=(1., 1, 1, 1)), 'TypeError', 'depths'),
+    Row(dict(depths=()), 'IndexError', 'depths'),
+    Row(dict(num_heads=(1, 2, 4)), 'IndexError', 'num_heads'),
+    Row(dict(num_heads=(0, 2, 4, 8)), 'ZeroDivisionError', 'num_heads'),
+    Row(dict(num_heads=(3, 6, 12, 24)), 'later', 'num_heads'),  # 32 channels, 3 heads
+    # out_indices: a list or tuple of stage indices (may be empty: no outputs)
+    Row(dict(out_indices=(3, )), 'ok'),
+    Row(dict(out_indices=(3, 0)), 'ok'),
+    Row(dict(out_indices=[0, 2]), 'ok'),
+    Row(dict(out_indices=(1, 1)), 'ok'),
+    Row(dict(out_indices=()), 'ok'),
+    Row(dict(out_indices=(4, )), 'IndexError', 'out_indices'),
+    Row(dict(out_indices=3), 'TypeError', 'out_indices'),
+    Row(dict(out_indices=(0., )), 'TypeError', 'out_indices'),
+    Row(dict(out_indices=(-1, )), 'ok', 'out_indices',
+        'the reference builds norm-1 and then returns no output for it'),
+    # qkv_bias / qk_scale
+    Row(dict(qkv_bias=False), 'ok'),
+    Row(dict(qkv_bias=None), 'ok', 'qkv_bias', TRUTHY),
+    Row(dict(qk_scale=0.1), 'ok'),
+    Row(dict(qk_scale=0), 'ok', 'qk_scale',
+        'the reference reads 0 as "no override" (`qk_scale or default`); say None'),
+    Row(dict(qk_scale='a'), 'later', 'qk_scale'),
+    # patch_norm / with_cp / convert_weights
+    Row(dict(patch_norm=False), 'ok'),  # no norm in the patch embedding nor the mergings
+    Row(dict(patch_norm=0), 'ok', 'patch_norm', TRUTHY),
+    Row(dict(with_cp=True), 'ok'),
+    Row(dict(with_cp='yes'), 'ok', 'with_cp', TRUTHY),
+    Row(dict(convert_weights=True), {'mmdet': 'ok', 'mmseg': 'TypeError'}),
+    # dropout rates: nn.Dropout takes [0, 1]; stochastic depth is not checked by the references
+    Row(dict(drop_rate=0.3, attn_drop_rate=0.2, drop_path_rate=0.5), 'ok'),
+    Row(dict(drop_rate=1.5), 'ValueError', 'drop_rate'),
+    Row(dict(drop_rate=-0.1), 'ValueError', 'drop_rate'),
+    Row(dict(attn_drop_rate=1.5), 'ValueError', 'attn_drop_rate'),
+    Row(dict(drop_rate=1.), 'ok', 'drop_rate', 'p=1 drops every activation in training'),
+    Row(dict(drop_path_rate=1.5), 'ok', 'drop_path_rate',
+        'a drop-path rate outside [0, 1) gives NaN or negative keep rates in training'),
+    # act_cfg / norm_cfg: dicts (the references build the layers from them)
+    Row(dict(act_cfg=dict(type='ReLU')), 'ok'),
+    Row(dict(act_cfg=dict(type='GELU', approximate='tanh')), 'ok'),
+    Row(dict(act_cfg=dict(type='SiLU')), 'ok'),
+    Row(dict(act_cfg=None), 'TypeError', 'act_cfg'),
+    Row(dict(act_cfg=dict(type='Nope')), 'KeyError', 'act_cfg'),
+    Row(dict(norm_cfg=dict(type='LN', eps=0.1)), 'ok'),  # every norm, the patch embedding's too
+    Row(dict(norm_cfg=dict(type='LN', requires_grad=False)), 'ok'),
+    Row(dict(norm_cfg=None), 'TypeError', 'norm_cfg'),
+    Row(dict(norm_cfg='LN'), 'TypeError', 'norm_cfg'),
+    Row(dict(norm_cfg=dict(type='BN')), 'later', 'norm_cfg'),
+    # pretrained (deprecated) / init_cfg
+    Row(dict(pretrained='weights.pth'), 'ok'),
+    Row(dict(pretrained=123), 'TypeError', 'pretrained'),
+    Row(dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')),
+        'AssertionError', 'pretrained'),
+    Row(dict(init_cfg=dict(type='Pretrained', checkpoint='b.pth')), 'ok'),
+    Row(dict(init_cfg='weights.pth'), 'ok', 'init_cfg',
+        'the reference fails only in init_weights (no "checkpoint" in a str)'),
+    # frozen_stages: any negative freezes nothing; up to the number of stages
+    Row(dict(frozen_stages=0), 'ok'),
+    Row(dict(frozen_stages=2, out_indices=(0, 2)), 'ok'),
+    Row(dict(frozen_stages=4, use_abs_pos_embed=True, pretrain_img_size=(36, 52)), 'ok'),
+    Row(dict(frozen_stages=-2), 'ok'),
+    Row(dict(frozen_stages=5), 'later', 'frozen_stages'),
+    Row(dict(frozen_stages=1.), 'later', 'frozen_stages'),
+    # ours only
+    Row(dict(arch='tiny'), 'TypeError', why='an added keyword: the preset'),
+]
+
+
+def _row_id(row: Row) -> str:
+    return '-'.join(f'{k}={v}' for k, v in row.kwargs.items()) or 'defaults'
+
+
+def _attributes_2d(model, num_layers: int) -> dict:
+    return dict(out_indices=_tuple(model.out_indices), frozen_stages=model.frozen_stages,
+                use_abs_pos_embed=model.use_abs_pos_embed, num_features=model.num_features,
+                num_stages=len(model.stages),
+                norms=[hasattr(model, f'norm{i}') for i in range(num_layers)],
+                with_cp=[b.with_cp for s in model.stages for b in s.blocks])
+
+
+@pytest.mark.parametrize('row', ROWS_2D, ids=[_row_id(r) for r in ROWS_2D])
+def test_swin_arguments_match_mmdet_and_mmseg(refs_2d, row):
+    kwargs = dict(SMALL_2D, **row.kwargs)
+    x = torch.randn(1, _channels(kwargs), *(row.hw or (36, 52)))
+    outcomes, errors, models = {}, {}, {}
+    for name, cls in refs_2d.items():
+        outcomes[name], errors[name], models[name] = _reference_outcome(cls, kwargs, x)
+    expected = row.ref if isinstance(row.ref, dict) else dict.fromkeys(refs_2d, row.ref)
+    assert outcomes == expected, (outcomes, [str(e) for e in errors.values()])
+    _check_row_consistency(row, outcomes)
+
+    if row.ours != 'ok':
+        _check_refusal(lambda: _build(SwinTransformer, kwargs), row,
+                       {k: e for k, e in errors.items() if e is not None})
+        return
+    ours = _build(SwinTransformer, kwargs)
+    for name, ref in models.items():
+        if outcomes[name] != 'ok':
+            continue
+        _perturb(ref)
+        ours.load_state_dict(ref.state_dict(), strict=True)  # our Swin uses mmdet's keys
+        num_layers = len(kwargs['depths'])
+        assert ours.num_layers == num_layers
+        assert _attributes_2d(ours, num_layers) == _attributes_2d(ref, num_layers)
+        if name == 'mmdet':
+            assert ours.convert_weights == ref.convert_weights
+        else:  # mmdet 3.3 loses pretrained= (its BaseModule resets init_cfg); mmseg keeps it
+            assert ours.init_cfg == ref.init_cfg
+        _same_training_state(ref, ours)
+        _same_outputs(ref, ours, x)
+
+
+# ----------------------------------------------------------------- video Swin (mmaction2)
+SMALL_3D = dict(embed_dims=32, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
+DEEP_3D = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
+
+ROWS_3D = [
+    Row(dict(), 'ok'),
+    Row(dict(arch='huge'), 'AssertionError', 'arch'),
+    Row(dict(arch=3), 'AssertionError', 'arch'),
+    Row(dict(arch=None), 'AssertionError', 'arch'),
+    Row(dict(arch=dict(SMALL_3D, extra=1)), 'AssertionError', 'arch'),
+    Row(dict(arch=dict(embed_dims=32, depths=(1, 1, 1, 1))), 'AssertionError', 'arch'),
+    # 1 to 4 stages
+    Row(dict(arch=dict(embed_dims=32, depths=(1, 1, 1, 1, 1), num_heads=(1, 2, 4, 8, 16))),
+        'AssertionError', 'depths'),
+    Row(dict(arch=dict(embed_dims=32, depths=(), num_heads=())), 'AssertionError', 'depths'),
+    Row(dict(arch=dict(embed_dims=32, depths=(1, 2, 1), num_heads=(1, 2, 4)),
+             out_indices=(0, 2)), 'ok'),
+    Row(dict(arch=dict(embed_dims=16, depths=(2, ), num_heads=(2, )), out_indices=(0, )), 'ok'),
+    Row(dict(arch=dict(embed_dims=32, depths=[1, 0, 1, 1], num_heads=[1, 2, 4, 8])), 'ok'),
+    Row(dict(arch=dict(SMALL_3D, num_heads=(1, 2, 4))), 'AssertionError', 'num_heads'),
+    Row(dict(arch=dict(SMALL_3D, depths=(1, -1, 1, 1))), 'IndexError', 'depths',
+        ref_crashes=True),  # an IndexError from its drop-path list, not a check
+    Row(dict(arch=dict(SMALL_3D, num_heads=(3, 6, 12, 24))), 'later', 'num_heads'),
+    Row(dict(arch=dict(SMALL_3D, embed_dims=0)), 'ZeroDivisionError', 'embed_dims'),
+    Row(dict(arch=dict(SMALL_3D, embed_dims=32.)), 'TypeError', 'embed_dims'),
+    # pretrained / pretrained2d / init_cfg
+    Row(dict(pretrained='weights.pth'), 'ok'),
+    Row(dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')), 'ok'),
+    Row(dict(pretrained=123), 'ok', 'pretrained',
+        'the reference fails only in init_weights, when it opens the "path"'),
+    Row(dict(pretrained2d=False), 'ok'),
+    Row(dict(pretrained2d=0), 'ok', 'pretrained2d', TRUTHY),
+    Row(dict(init_cfg='weights.pth'), 'ok', 'init_cfg', 'the reference fails in init_weights'),
+    # patch_size: an int (documented by mmaction2, which then fails in its forward) or 3 ints
+    Row(dict(patch_size=(1, 4, 4)), 'ok'),
+    Row(dict(patch_size=[2, 4, 4]), 'ok'),
+    Row(dict(patch_size=2), 'later', why='mmaction2 documents an int patch size: (p, p, p)'),
+    Row(dict(patch_size=(4, 4)), 'later', 'patch_size'),
+    Row(dict(patch_size=(0, 4, 4)), 'later', 'patch_size'),
+    # window_size: a sequence of 3 ints
+    Row(dict(window_size=(2, 3, 3), arch=DEEP_3D), 'ok'),
+    Row(dict(window_size=[1, 1, 1], arch=DEEP_3D), 'ok'),
+    Row(dict(window_size=7), 'TypeError', 'window_size'),
+    Row(dict(window_size=(7, 7)), 'IndexError', 'window_size'),
+    Row(dict(window_size=(0, 3, 3)), 'AssertionError', 'window_size'),
+    Row(dict(window_size=(2, 3, 3, 3)), 'later', 'window_size'),
+    # in_channels
+    Row(dict(in_channels=1), 'ok'),
+    Row(dict(in_channels=0), 'later', 'in_channels'),
+    Row(dict(in_channels=3.), 'TypeError', 'in_channels'),
+    # block arguments
+    Row(dict(mlp_ratio=2.5, qkv_bias=False, qk_scale=0.1, arch=DEEP_3D), 'ok'),
+    Row(dict(mlp_ratio=0), 'ok', 'mlp_ratio', 'an FFN without hidden units outputs its bias'),
+    Row(dict(drop_rate=0.3, attn_drop_rate=0.2, drop_path_rate=0.5), 'ok'),
+    Row(dict(drop_rate=1.5), 'ValueError', 'drop_rate'),
+    Row(dict(attn_drop_rate=-1.), 'ValueError', 'attn_drop_rate'),
+    Row(dict(drop_path_rate=1.5), 'ok', 'drop_path_rate',
+        'a drop-path rate outside [0, 1) gives NaN or negative keep rates in training'),
+    Row(dict(act_cfg=dict(type='ReLU')), 'ok'),
+    Row(dict(act_cfg=None), 'TypeError', 'act_cfg'),
+    Row(dict(norm_cfg=dict(type='LN', eps=0.1)), 'ok'),
+    Row(dict(norm_cfg=dict(type='LN', requires_grad=False), patch_norm=False), 'ok'),
+    Row(dict(norm_cfg=None, patch_norm=False), 'TypeError', 'norm_cfg'),
+    Row(dict(norm_cfg=dict(type='BN')), 'later', 'norm_cfg'),
+    Row(dict(patch_norm=False), 'ok'),
+    Row(dict(with_cp=True), 'ok'),
+    Row(dict(with_cp=1), 'ok', 'with_cp', TRUTHY),
+    # frozen_stages: 0 the patch embedding, k also the first k stages; negative: none
+    Row(dict(frozen_stages=0), 'ok'),
+    Row(dict(frozen_stages=2, out_indices=(1, 3)), 'ok'),
+    Row(dict(frozen_stages=4), 'ok'),
+    Row(dict(frozen_stages=-3), 'ok'),
+    Row(dict(frozen_stages=5), 'IndexError', 'frozen_stages'),
+    # out_indices: a non-empty list or tuple of stage indices; one stage -> a tensor
+    Row(dict(out_indices=(0, 1, 2, 3)), 'ok'),
+    Row(dict(out_indices=[2, 0]), 'ok'),
+    Row(dict(out_indices=(1, 1)), 'ok'),
+    Row(dict(out_indices=()), 'ValueError', 'out_indices'),
+    Row(dict(out_indices=(4, )), 'AssertionError', 'out_indices'),
+    Row(dict(out_indices=3), 'TypeError', 'out_indices'),
+    Row(dict(out_indices=(-1, )), 'ok', 'out_indices',
+        'the reference builds norm-1 and then returns no output for it'),
+    Row(dict(out_after_downsample=True, out_indices=(0, 1, 2, 3)), 'ok'),
+    Row(dict(out_after_downsample=1), 'ok', 'out_after_downsample', TRUTHY),
+]
+
+
+def _attributes_3d(model) -> dict:
+    arch = {k: _tuple(v) for k, v in model.arch_settings.items()}
+    patch = model.patch_size
+    return dict(arch_settings=arch, embed_dims=model.embed_dims, depths=_tuple(model.depths),
+                num_heads=_tuple(model.num_heads), num_layers=model.num_layers,
+                out_indices=_tuple(model.out_indices),
+                out_after_downsample=model.out_after_downsample,
+                frozen_stages=model.frozen_stages, window_size=_tuple(model.window_size),
+                patch_size=(patch, ) * 3 if isinstance(patch, int) else _tuple(patch),
+                num_features=model.num_features, pretrained=model.pretrained,
+                pretrained2d=model.pretrained2d,
+                norms=[hasattr(model, f'norm{i}') for i in range(model.num_layers)],
+                with_cp=[b.with_cp for s in model.layers for b in s.blocks])
+
+
+@pytest.mark.parametrize('row', ROWS_3D, ids=[_row_id(r) for r in ROWS_3D])
+def test_swin3d_arguments_match_mmaction2(ref_3d, row):
+    kwargs = dict(row.kwargs)
+    kwargs.setdefault('arch', SMALL_3D)
+    x = torch.randn(1, _channels(kwargs), *(row.hw or (4, 36, 52)))
+    outcome, error, ref = _reference_outcome(ref_3d, kwargs, x)
+    assert outcome == row.ref, (outcome, str(error))
+    _check_row_consistency(row, {'mmaction2': outcome})
+
+    if row.ours != 'ok':
+        _check_refusal(lambda: _build(SwinTransformer3D, kwargs), row,
+                       {'mmaction2': error} if error is not None else {})
+        return
+    ours = _build(SwinTransformer3D, kwargs)
+    if outcome != 'ok':
+        return  # an addition of ours (the row says which); its behaviour is tested elsewhere
+    _perturb(ref)
+    ours.load_state_dict(ref.state_dict(), strict=True)  # identical keys
+    assert _attributes_3d(ours) == _attributes_3d(ref)
+    _same_training_state(ref, ours)
+    _same_outputs(ref, ours, x)
+
+
+def test_swin3d_arch_names_are_mmaction2s(ref_3d):
+    """Every preset name and alias mmaction2 knows, in any case, gives its settings (compared
+    as data: building each preset would take seconds); other names are refused."""
+    from mmvitswin.core.backbones.swin import ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS
+    from mmvitswin.core.layers import resolve_arch
+    for name, settings in ref_3d.arch_zoo.items():
+        for spelt in (name, name.upper(), name.capitalize()):
+            ours = resolve_arch(spelt, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS, exact=True)
+            assert {k: _tuple(v) for k, v in ours.items()} == \
+                {k: _tuple(v) for k, v in settings.items()}
+    assert set(ARCH_ZOO) | set(ARCH_ALIASES) == set(ref_3d.arch_zoo)
+
+
+# ----------------------------------------------------------------------- our additions
+def test_additions_behave_as_documented():
+    """The rows where ours accepts what a reference refuses, checked for their meaning."""
+    # mmaction2's documented int patch size is (p, p, p)
+    torch.manual_seed(0)
+    a = SwinTransformer3D(arch=SMALL_3D, patch_size=2).eval()
+    b = SwinTransformer3D(arch=SMALL_3D, patch_size=(2, 2, 2)).eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(1, 3, 4, 16, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(a(x), b(x), atol=0, rtol=0)
+    # the position embedding at the pretraining size is added as it is (mmdet's numbers)
+    model = SwinTransformer(**SMALL_2D, use_abs_pos_embed=True, pretrain_img_size=(32, 48))
+    assert model.absolute_pos_embed.shape == (1, 8 * 12, 32)
+
+
+def test_error_classes_are_both_kinds():
+    """Every argument error of ours is an AssertionError (what the references assert) and a
+    ValueError/TypeError (what Python code expects); index/count errors are IndexErrors."""
+    assert issubclass(ArgumentTypeError, TypeError) and issubclass(ArgumentTypeError,
+                                                                   AssertionError)
+    assert issubclass(ArgumentValueError, ValueError) and issubclass(ArgumentValueError,
+                                                                     AssertionError)
+    assert issubclass(ArgumentIndexError, ValueError) and issubclass(ArgumentIndexError,
+                                                                     IndexError)
+    assert not issubclass(ArgumentTypeError, ValueError)
+    with pytest.raises(ArgumentIndexError, match=r'pretrain_img_size .* 3 entries'):
+        SwinTransformer(pretrain_img_size=(224, 224, 224))
+    with pytest.raises(ArgumentValueError, match=r'strides\[0\] \(2\) must equal patch_size'):
+        SwinTransformer(strides=(2, 2, 2, 2))
+    with pytest.raises(ArgumentValueError, match='1 to 4 stages'):
+        SwinTransformer3D(arch=dict(embed_dims=8, depths=[1] * 5, num_heads=[1] * 5))
+
+
+# ------------------------------------------------------------------ the references' tests
+MMSEG_SWIN_TESTS = os.path.join('tests', 'test_models', 'test_backbones', 'test_swin.py')
+
+
+@pytest.mark.slow(reason="mmseg's own test: Swin-T built six times, run at 256 px")
+def test_mmseg_own_swin_test_passes_with_ours(refs_2d):
+    """mmseg ships its backbone tests in the wheel (site-packages/tests): its
+    ``test_swin_transformer`` (argument errors, shapes, freezing, with_cp) run against our
+    registered class, with our block class for its ``isinstance`` check."""
+    import mmseg
+    from mmvitswin.core.backbones.swin import SwinBlock
+    from mmvitswin.openmmlab.models.backbones import SwinTransformer as Registered
+    site = os.path.dirname(os.path.dirname(mmseg.__file__))
+    path = os.path.join(site, MMSEG_SWIN_TESTS)
+    if not os.path.isfile(path):
+        pytest.skip(f'mmseg wheel without its tests ({path})')
+    spec = importlib.util.spec_from_file_location('_mmseg_shipped_test_swin', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.SwinTransformer = Registered
+    module.SwinBlock = SwinBlock
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        module.test_swin_transformer()
