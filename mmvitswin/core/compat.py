@@ -9,7 +9,7 @@ What degrades on an older torch:
 * **Safe checkpoint loading** (``HAS_SAFE_GLOBAL_ALIASES``, torch >= 2.6). The weights-only
   unpickler with our runner-checkpoint allow-list needs ``add_safe_globals`` with
   ``(object, "module.name")`` entries (torch 2.6). Before that, :mod:`mmvitswin.core.checkpoint.
-  safe_load` loads checkpoints the way MMEngine itself does on that torch: ``torch.load`` with
+  files` loads checkpoints the way MMEngine itself does on that torch: ``torch.load`` with
   ``weights_only=False``, i.e. full pickle, which can run code embedded in the file. Only load
   checkpoints you trust there (the same as with plain MMEngine/MMDetection on that torch).
 * **Autocast-aware autograd functions**: ``torch.amp.custom_fwd``/``custom_bwd`` (torch 2.4)
