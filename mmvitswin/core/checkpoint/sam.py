@@ -15,9 +15,9 @@ with decomposed relative positions, and a conv neck to 256 channels
 - ``timm``: timm's ``samvit_{base,large,huge}_patch16`` (``blocks.N.mlp.fc1``, an NHWC
   ``pos_embed``, ``neck.0..3``; a ``head`` is left to the leftover report).
 
-Conversion: keys are renamed to timm's ViT layout and handed to the ViT family's converter
-(:func:`~.vit.convert_vit_state_dict`), the ``(1, H, W, C)`` grid is flattened to a prefix-free
-``(1, H*W, C)`` embedding; fitting is the ViT family's (position grid resized bicubically
+Conversion: keys are renamed to our trunk's (``blocks.N.{norm1,attn.qkv,attn.proj,
+attn.rel_pos_h,attn.rel_pos_w,norm2,ffn.layers.*}``, ``neck.0..3``), the ``(1, H, W, C)`` grid
+flattened to a prefix-free ``(1, H*W, C)`` embedding; fitting is the ViT family's (position grid resized bicubically
 without antialias, as ViTDet's ``get_abs_pos`` does; decomposed tables resized linearly, as
 SAM's own ``get_rel_pos`` does). The neck is a head on the trunk: a model built without
 ``neck='sam'`` does not take it (its keys are dropped, like the prompt encoder's).
@@ -34,7 +34,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .loading import CheckpointFamily, StateDict
-from .vit import _resize_rel_pos, convert_vit_state_dict, fit_vit_embeddings
+from .vit import _fit_pos_embed, _prefix_tokens, _resize_rel_pos, fit_vit_embeddings
 
 __all__ = ['detect_sam_format', 'is_sam_checkpoint', 'convert_sam_state_dict',
            'sam_arch_of', 'sam_model_arch', 'sam_config_arch', 'SAM_CHECKPOINTS']
@@ -47,9 +47,9 @@ _HF_RENAMES = (
     ('neck.conv2.', 'neck.2.'),
     ('neck.layer_norm2.', 'neck.3.'),
 )
-_HF_BLOCK = (('layer_norm1.', 'norm1.'), ('layer_norm2.', 'norm2.'), ('mlp.lin1.', 'mlp.fc1.'),
-             ('mlp.lin2.', 'mlp.fc2.'))
-_META_BLOCK = (('mlp.lin1.', 'mlp.fc1.'), ('mlp.lin2.', 'mlp.fc2.'))
+_FFN = (('mlp.lin1.', 'ffn.layers.0.0.'), ('mlp.lin2.', 'ffn.layers.1.'),
+        ('mlp.fc1.', 'ffn.layers.0.0.'), ('mlp.fc2.', 'ffn.layers.1.'))
+_HF_BLOCK = (('layer_norm1.', 'norm1.'), ('layer_norm2.', 'norm2.')) + _FFN
 _SAM_MODEL_TYPES = ('sam', 'sam_vision_model')
 
 
@@ -106,8 +106,7 @@ def convert_sam_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
     """Rename any supported SAM layout to ours. Returns ``(state_dict, detected_format)``.
 
     The image encoder only (prompt encoder, mask decoder and HF's shared embedding are not
-    ours); the NHWC position grid flattened to ``(1, H*W, C)``; then the ViT family's rename
-    from timm's layout (:func:`~.vit.convert_vit_state_dict`). No resizing here."""
+    ours); the NHWC position grid flattened to ``(1, H*W, C)``. No resizing here."""
     fmt = detect_sam_format(sd)
     prefix = _WHOLE_MODEL_PREFIXES.get(fmt)
     if prefix and any(k.startswith(prefix) for k in sd):
@@ -122,10 +121,10 @@ def convert_sam_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
             m = re.match(r'layers\.(\d+)\.(.*)', key)
             if m:
                 key = f'blocks.{m.group(1)}.' + _rename_block(m.group(2), _HF_BLOCK)
-        elif fmt == 'meta':
+        else:  # Meta's and timm's blocks: only the MLP is named differently
             m = re.match(r'blocks\.(\d+)\.(.*)', key)
             if m:
-                key = f'blocks.{m.group(1)}.' + _rename_block(m.group(2), _META_BLOCK)
+                key = f'blocks.{m.group(1)}.' + _rename_block(m.group(2), _FFN)
         out[key] = value
     pos = out.get('pos_embed')
     if pos is not None and pos.dim() == 4:
@@ -133,8 +132,7 @@ def convert_sam_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
             raise ValueError(f'pos_embed {tuple(pos.shape)} is not a (1, H, W, C) grid of the '
                              f'patch embedding\'s width')
         out['pos_embed'] = pos.reshape(1, -1, pos.shape[-1])  # row-major grid, no prefix
-    converted, _ = convert_vit_state_dict(out)
-    return converted, fmt
+    return out, fmt
 
 
 def _block_table_rows(sd: StateDict) -> Dict[int, int]:
@@ -215,6 +213,21 @@ def sam_config_arch(config: dict) -> Dict[str, object]:
                 global_attn_indexes=None if global_idx is None else tuple(sorted(global_idx)))
 
 
+def fit_sam_pos_embed(sd: StateDict, fmt: str, model) -> StateDict:
+    """The family's ``transform``: the file's prefix-free grid resized to the model's
+    pretraining grid bicubically (no antialias: ViTDet's ``get_abs_pos``, the rule SAM's
+    windowed-ViT design comes from; Meta's and HF's SAM never resize), a zero CLS entry
+    in front (the model stores one). A width mismatch is left to the architecture check."""
+    pos = sd.get('pos_embed')
+    own = model.state_dict().get('pos_embed')
+    if pos is None or own is None or pos.shape[-1] != own.shape[-1]:
+        return sd
+    out = OrderedDict(sd)
+    out['pos_embed'] = _fit_pos_embed(pos, own, model.pretrain_grid,
+                                      _prefix_tokens(sd, pos.shape[1]), 'bicubic')
+    return out
+
+
 def fit_sam_state_dict(sd: StateDict, model) -> StateDict:
     """The ViT family's fitting (:func:`~.vit.fit_vit_embeddings`), after dropping the neck
     when the model has none (SAM's neck is a head on the trunk)."""
@@ -225,7 +238,9 @@ def fit_sam_state_dict(sd: StateDict, model) -> StateDict:
 
 SAM_CHECKPOINTS = CheckpointFamily(
     'SAM', convert_sam_state_dict, sam_arch_of, sam_model_arch,
-    resize=((r'attn\.rel_pos_[hw]$', _resize_rel_pos), ), fit=fit_sam_state_dict,
+    resize=((r'attn\.rel_pos_[hw]$', _resize_rel_pos), ), transform=fit_sam_pos_embed,
+    fit=fit_sam_state_dict,
     config_probe=sam_config_arch,
     unrepresentable=((r'attn\.rel_pos_[hw]$', "SAM's decomposed relative positions",
-                      'use_rel_pos=True'), ))
+                      'use_rel_pos=True'),
+                     (r'^pos_embed$', "SAM's absolute position embedding", 'abs_pos_embed=True')))
