@@ -356,10 +356,12 @@ def test_timm_r50_vit_b_384_loads_strictly_via_init_cfg(tmp_path):
         assert torch.equal(state[key], sd[key]), key
     assert torch.equal(state['blocks.3.ffn.layers.0.0.weight'], sd['blocks.3.mlp.fc1.weight'])
     assert torch.equal(state['blocks.3.ffn.layers.1.bias'], sd['blocks.3.mlp.fc2.bias'])
-    # pos-embed: CLS entry kept, the 24x24 grid resized bicubically to 14x14
+    # pos-embed: CLS entry kept, the 24x24 grid resized to 14x14 as timm does on loading
+    # (antialiased bicubic: the rule recorded with the timm format)
     pos = sd['pos_embed']
     grid = pos[:, 1:].reshape(1, 24, 24, 768).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=(14, 14), mode='bicubic', align_corners=False)
+    grid = F.interpolate(grid, size=(14, 14), mode='bicubic', align_corners=False,
+                         antialias=True)
     expected = torch.cat([pos[:, :1], grid.flatten(2).transpose(1, 2)], dim=1)
     assert state['pos_embed'].shape == (1, 197, 768)
     torch.testing.assert_close(state['pos_embed'], expected, rtol=1e-5, atol=1e-5)

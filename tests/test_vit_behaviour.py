@@ -256,7 +256,7 @@ def test_built_from_mmdet_and_mmseg_registries():
 # -------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize('kwargs, exc, match', [
     (dict(adapter='fpn'), ValueError, 'adapter must be'),
-    (dict(adapter='simple', patch_size=14), ValueError, 'needs patch_size in'),
+    (dict(adapter='simple', patch_size=48, img_size=96), ValueError, 'needs patch_size <= 32'),
     (dict(adapter='simple', out_indices=(4, )), ValueError, 'pyramid levels'),
     (dict(adapter='simple', adapter_cfg=dict(channels=3)), ValueError, 'out_channels only'),
     (dict(out_indices=(7, )), ValueError, 'out_indices'),

@@ -23,11 +23,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
-from ..layers import (FFN, Attention, ConvStem, DropPath, LayerNorm2d, PatchEmbed, build_act,
-                      build_layer_norm, ceil_div, is_tracing, linear_drop_path, merge_windows,
-                      pad_amount, partition_windows, resize_pos_embed, resize_rel_pos_1d,
+from ..layers import (FFN, POS_EMBED_RULES, Attention, ConvStem, DropPath, LayerNorm2d,
+                      LayerScale, PatchEmbed, SwiGLUFFN, build_act, build_layer_norm, ceil_div,
+                      is_tracing, linear_drop_path, merge_windows, pad_amount,
+                      partition_windows, resize_abs_pos_embed, resize_rel_pos_1d,
                       resolve_arch, resolve_indices, to_tuple)
 from ..checkpoint.vit import VIT_CHECKPOINTS
+from ..checkpoint.dinov3 import DINOV3_CHECKPOINTS, is_dinov3_checkpoint
+from ..checkpoint.loading import fit_checkpoint
+from ..checkpoint.sam import SAM_CHECKPOINTS, is_sam_checkpoint
+from ..layers import RotaryPositionEmbedding2d, SamNeck, apply_rope
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 from .vit_adapter_modules import InteractionAdapter, _check_interaction_indexes
 from ..utils import (check_args, check_choice, check_image_input, check_int,
@@ -45,9 +50,64 @@ ARCH_ZOO: Dict[str, dict] = {
     'huge': dict(embed_dims=1280, num_layers=32, num_heads=16, feedforward_channels=5120,
                  patch_size=14),
 }
+# DINOv2 (Oquab et al. 2023) as released by Meta / on the HF hub: patch 14 at 518 px (a 37 x 37
+# grid), LayerScale (init 1e-5 as Meta trains it), final LayerNorm, ViT-g with SwiGLU (hidden
+# 4096 = DINOv2's 2/3 rule for 4 x 1536); '-reg': 4 register tokens (Darcet et al. 2024).
+# ``pos_embed_resize`` is the run-time rule of HF's models (Dinov2Model: plain bicubic;
+# Dinov2WithRegistersModel: antialiased bicubic); pass another for timm's or Meta's features.
+_DINOV2 = dict(patch_size=14, img_size=518, layer_scale_init_value=1e-5, final_norm=True,
+               pos_embed_resize='bicubic')
+for _name, _dims, _depth, _heads in (('s', 384, 12, 6), ('b', 768, 12, 12), ('l', 1024, 24, 16),
+                                     ('g', 1536, 40, 24)):
+    _cfg = dict(_DINOV2, embed_dims=_dims, num_layers=_depth, num_heads=_heads,
+                feedforward_channels=4 * _dims)
+    if _name == 'g':
+        _cfg.update(feedforward_channels=4096, ffn_type='swiglu')
+    ARCH_ZOO[f'dinov2-{_name}'] = _cfg
+    ARCH_ZOO[f'dinov2-{_name}-reg'] = dict(_cfg, num_register_tokens=4,
+                                           pos_embed_resize='bicubic-antialias')
+# keys of a preset that are constructor defaults (an explicit argument wins)
+PRESET_DEFAULTS = ('patch_size', 'img_size', 'layer_scale_init_value', 'final_norm',
+                   'num_register_tokens', 'ffn_type', 'pos_embed_resize')
+FFN_TYPES = ('mlp', 'swiglu')
 ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large', 'h': 'huge',
                 'deit-tiny': 'tiny', 'deit-small': 'small', 'deit-base': 'base'}
 ADAPTERS = (None, 'simple', 'interaction')
+NECKS = (None, 'sam')
+# SAM's image encoders (Kirillov et al. 2023; Meta's segment_anything, HF facebook/sam-vit-*,
+# timm samvit_*): ViT/16 at 1024 px without CLS token or final norm, LayerNorm eps 1e-6,
+# windows of 14 with 4 global blocks, decomposed relative positions.
+# DINOv3 (Simeoni et al. 2025; HF facebook/dinov3-vit*16-pretrain-lvd1689m, timm
+# vit_*_patch16_dinov3, Meta's dinov3_vit*16_pretrain_lvd1689m-*.pth): ViT/16 with CLS + 4
+# registers, LayerScale (init 1e-5), 2-D RoPE (theta 100) and no absolute position embedding,
+# final LayerNorm, eps 1e-5; S+/H+ with SwiGLU (hidden 1536 / 5120). ``defaults``: further
+# constructor defaults of the preset (an explicit argument wins), applied by ViTAdapter.
+for _name, _dims, _depth, _heads, _global in (('b', 768, 12, 12, (2, 5, 8, 11)),
+                                              ('l', 1024, 24, 16, (5, 11, 17, 23)),
+                                              ('h', 1280, 32, 16, (7, 15, 23, 31))):
+    ARCH_ZOO[f'sam-{_name}'] = dict(
+        embed_dims=_dims, num_layers=_depth, num_heads=_heads, feedforward_channels=4 * _dims,
+        patch_size=16, img_size=1024, final_norm=False, pos_embed_resize='bicubic',
+        defaults=dict(with_cls_token=False, window_size=14, global_attn_indexes=_global,
+                      use_rel_pos=True, norm_cfg=dict(type='LN', eps=1e-6)))
+for _name, _dims, _depth, _heads, _ffn, _hidden in (
+        ('s', 384, 12, 6, 'mlp', 1536), ('s+', 384, 12, 6, 'swiglu', 1536),
+        ('b', 768, 12, 12, 'mlp', 3072), ('l', 1024, 24, 16, 'mlp', 4096),
+        ('h+', 1280, 32, 20, 'swiglu', 5120)):
+    ARCH_ZOO[f'dinov3-{_name}'] = dict(
+        embed_dims=_dims, num_layers=_depth, num_heads=_heads, feedforward_channels=_hidden,
+        ffn_type=_ffn, patch_size=16, img_size=224, layer_scale_init_value=1e-5,
+        num_register_tokens=4, final_norm=True,
+        defaults=dict(rope_theta=100.0, abs_pos_embed=False,
+                      norm_cfg=dict(type='LN', eps=1e-5)))
+
+
+def preset_defaults(arch) -> dict:
+    """The extra constructor defaults of preset ``arch`` (``{}`` for a dict or other preset)."""
+    if not isinstance(arch, str):
+        return {}
+    name = ARCH_ALIASES.get(arch.lower(), arch.lower())
+    return dict(ARCH_ZOO.get(name, {}).get('defaults', {}))
 VIT_ARCH_KEYS = ('embed_dims', 'num_layers', 'num_heads', 'feedforward_channels')
 
 
@@ -89,6 +149,24 @@ def default_global_indexes(num_layers: int) -> Tuple[int, ...]:
     return tuple(i for i in range(step - 1, num_layers, step))
 
 
+def build_vit_ffn(ffn_type: str, embed_dims: int, hidden_dims: int, drop: float,
+                  act_cfg: Optional[dict]) -> nn.Module:
+    """A block's feed-forward branch: ``'mlp'`` (fc -> act -> fc, mmcv's ``FFN`` layout
+    ``ffn.layers.*``) or ``'swiglu'`` (``ffn.w12``/``ffn.w3``, ``hidden_dims`` wide)."""
+    if ffn_type == 'swiglu':
+        return SwiGLUFFN(embed_dims, hidden_dims, drop=drop)
+    return FFN(embed_dims, hidden_dims, drop=drop, act_layer=build_act(act_cfg))
+
+
+def resample_stride_to_16(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """A token map ``(B, C, h, w)`` of patch ``stride`` (cell ``i`` covers pixels ``[i s,
+    (i + 1) s)``) resampled bilinearly to stride 16: output cell ``j`` reads the image
+    position ``(j + 0.5) * 16``. Returns ``floor(h * stride / 16)`` rows (ditto columns),
+    which is at least ``H / 16`` for an image of ``H <= h * stride`` rows."""
+    return F.interpolate(x, scale_factor=stride / 16, mode='bilinear', align_corners=False,
+                         recompute_scale_factor=False)
+
+
 def crop_to(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
     """Crop an NCHW map at the bottom/right to ``size`` (undoes corner padding)."""
     return x[..., :size[0], :size[1]]
@@ -104,9 +182,13 @@ class ViTAttention(Attention):
     """
 
     def __init__(self, dim: int, num_heads: int, rel_pos_size: Optional[Tuple[int, int]] = None,
-                 **kwargs):
+                 rope_theta: Optional[float] = None, **kwargs):
         super().__init__(dim, num_heads, **kwargs)
         self.use_rel_pos = rel_pos_size is not None
+        # DINOv3's 2-D RoPE (layers/rope.py): q and k of the patch tokens rotated by their
+        # grid position; derived from (head_dim, theta), nothing in the state dict
+        self.rope = (RotaryPositionEmbedding2d(self.head_dim, rope_theta)
+                     if rope_theta is not None else None)
         if self.use_rel_pos:
             # zero init as ViTDet (rel_pos_zero_init=True): training starts from plain ViT.
             self.rel_pos_h = nn.Parameter(torch.zeros(2 * rel_pos_size[0] - 1, self.head_dim))
@@ -115,9 +197,14 @@ class ViTAttention(Attention):
     def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
                 num_prefix: int = 0) -> torch.Tensor:
         """x: (B, num_prefix + h*w, C) -> same shape; ``grid = (h, w)`` needed with rel pos."""
-        if not self.use_rel_pos:
+        if not self.use_rel_pos and self.rope is None:
             return super().forward(x)
         q, k, v = self.qkv_heads(x)
+        if self.rope is not None:
+            cos, sin = self.rope(grid)
+            q, k = apply_rope(q, cos, sin, num_prefix), apply_rope(k, cos, sin, num_prefix)
+            if not self.use_rel_pos:
+                return self.out_proj(self.attend(q, k, v, None))
         bias = decomposed_rel_pos_bias(q[:, :, num_prefix:], grid, self.rel_pos_h,
                                        self.rel_pos_w)
         if num_prefix:
@@ -137,7 +224,9 @@ class ViTBlock(nn.Module):
                  window_size: int = 0, rel_pos_size: Optional[Tuple[int, int]] = None,
                  qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0., act_cfg: Optional[dict] = None,
-                 norm_cfg: Optional[dict] = None, with_cp: bool = False):
+                 norm_cfg: Optional[dict] = None, with_cp: bool = False,
+                 layer_scale_init_value: Optional[float] = None, ffn_type: str = 'mlp',
+                 rope_theta: Optional[float] = None):
         super().__init__()
         self.window_size = window_size
         self.with_cp = with_cp
@@ -146,10 +235,13 @@ class ViTBlock(nn.Module):
             rel_pos_size = (window_size, window_size)
         self.attn = ViTAttention(embed_dims, num_heads, rel_pos_size=rel_pos_size,
                                  qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                                 proj_drop=drop_rate)
+                                 proj_drop=drop_rate, rope_theta=rope_theta)
         self.norm2 = build_layer_norm(norm_cfg, embed_dims)
-        self.ffn = FFN(embed_dims, feedforward_channels, drop=drop_rate,
-                       act_layer=build_act(act_cfg))
+        self.ffn = build_vit_ffn(ffn_type, embed_dims, feedforward_channels, drop_rate, act_cfg)
+        # LayerScale (DeiT-III, DINOv2): keys ``ls1.gamma``/``ls2.gamma``; none without it
+        with_ls = layer_scale_init_value is not None
+        self.ls1 = LayerScale(embed_dims, layer_scale_init_value) if with_ls else nn.Identity()
+        self.ls2 = LayerScale(embed_dims, layer_scale_init_value) if with_ls else nn.Identity()
         self.drop_path = DropPath(drop_path_rate)
 
     def _attention(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int):
@@ -168,8 +260,8 @@ class ViTBlock(nn.Module):
         return out
 
     def _forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int):
-        x = x + self.drop_path(self._attention(self.norm1(x), grid, num_prefix))
-        return x + self.drop_path(self.ffn(self.norm2(x)))
+        x = x + self.drop_path(self.ls1(self._attention(self.norm1(x), grid, num_prefix)))
+        return x + self.drop_path(self.ls2(self.ffn(self.norm2(x))))
 
     def forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int = 0):
         if self.with_cp and x.requires_grad:
@@ -187,6 +279,10 @@ class SimpleFeaturePyramid(nn.Module):
     (convs without bias, as the norms follow). ``forward((B, C, h, w))`` returns four NCHW maps,
     finest first; :meth:`pyramid` runs it on a trunk's last block.
 
+    Any other stride (DINOv2's 14) is first resampled bilinearly to stride 16 by position in
+    the image (:func:`resample_stride_to_16`): the trunk keeps its pretrained patch and grid,
+    so its tokens are exactly the pretrained model's, and the stride-16 recipe follows.
+
     Padding constraint (declared, not applied): ``size_divisibility`` is the multiple an image
     must have for every level to be exactly ``H / s``; the backbone pads and crops back.
     """
@@ -195,7 +291,10 @@ class SimpleFeaturePyramid(nn.Module):
         super().__init__()
         check_positive_int('in_channels', in_channels)
         check_positive_int('out_channels', out_channels)
-        check_choice('in_stride', in_stride, (4, 8, 16, 32))
+        check_positive_int('in_stride', in_stride)
+        self.resample_from = None if in_stride in (4, 8, 16, 32) else in_stride
+        if self.resample_from is not None:
+            in_stride = 16
         self.size_divisibility = max(32, 2 * in_stride)
         self.rescale = nn.ModuleList()
         dims = []
@@ -219,6 +318,10 @@ class SimpleFeaturePyramid(nn.Module):
         ])
 
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
+        """x: (B, C, h, w) at ``in_stride`` -> 4 maps at strides 4..32 (for a stride-14 map of
+        ``ceil(H / 14)`` cells: at least ``H / s`` cells each, the builder crops)."""
+        if self.resample_from is not None:
+            x = resample_stride_to_16(x, self.resample_from)
         return [head(rescale(x)) for head, rescale in zip(self.outputs, self.rescale)]
 
 
@@ -264,7 +367,7 @@ class VisionTransformerTrunk(TransformerBackbone):
 
     def __init__(self,
                  arch='base',
-                 img_size=224,
+                 img_size=None,
                  patch_size: Optional[int] = None,
                  in_channels: int = 3,
                  embed_dims: Optional[int] = None,
@@ -281,8 +384,14 @@ class VisionTransformerTrunk(TransformerBackbone):
                  patch_norm: bool = False,
                  patch_bias: bool = True,
                  pre_norm: bool = False,
-                 final_norm: bool = False,
+                 final_norm: Optional[bool] = None,
                  interpolate_mode: str = 'bicubic',
+                 layer_scale_init_value: Optional[float] = None,
+                 num_register_tokens: Optional[int] = None,
+                 ffn_type: Optional[str] = None,
+                 pos_embed_resize: Optional[str] = None,
+                 rope_theta: Optional[float] = None,
+                 abs_pos_embed: bool = True,
                  window_size: int = 0,
                  global_attn_indexes: Optional[Sequence[int]] = None,
                  use_rel_pos: bool = False,
@@ -306,6 +415,19 @@ class VisionTransformerTrunk(TransformerBackbone):
         num_layers = preset['num_layers'] if num_layers is None else num_layers
         num_heads = preset['num_heads'] if num_heads is None else num_heads
         patch_size = preset.get('patch_size', 16) if patch_size is None else patch_size
+        img_size = preset.get('img_size', 224) if img_size is None else img_size
+        final_norm = preset.get('final_norm', False) if final_norm is None else final_norm
+        if layer_scale_init_value is None:
+            layer_scale_init_value = preset.get('layer_scale_init_value')
+        if num_register_tokens is None:
+            num_register_tokens = preset.get('num_register_tokens', 0)
+        ffn_type = preset.get('ffn_type', 'mlp') if ffn_type is None else ffn_type
+        check_choice('ffn_type', ffn_type, FFN_TYPES)
+        check_int('num_register_tokens', num_register_tokens, 0)
+        if layer_scale_init_value is not None:
+            check_args(positive=dict(layer_scale_init_value=layer_scale_init_value))
+        if pos_embed_resize is not None:
+            check_choice('pos_embed_resize', pos_embed_resize, POS_EMBED_RULES)
         for name, value in (('embed_dims', embed_dims), ('num_layers', num_layers),
                             ('num_heads', num_heads), ('patch_size', patch_size),
                             ('in_channels', in_channels)):
@@ -326,9 +448,26 @@ class VisionTransformerTrunk(TransformerBackbone):
             raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
                              f'({num_heads})')
         check_choice('interpolate_mode', interpolate_mode, ('bicubic', 'bilinear'))
+        # the run-time resize rule: explicit > the preset's > ``interpolate_mode`` (a file's
+        # own rule fits its grid on loading: checkpoint.vit.FORMAT_POS_EMBED_RULES)
+        self.pos_embed_resize = (pos_embed_resize or preset.get('pos_embed_resize')
+                                 or interpolate_mode)
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
             raise ValueError(f'window_size must be an int >= 0 (0: global attention), got '
                              f'{window_size!r}')
+        if rope_theta is not None:  # DINOv3's 2-D RoPE: global blocks, head_dim % 4 == 0
+            check_args(positive=dict(rope_theta=rope_theta))
+            if window_size:
+                raise ValueError(f'rope_theta (2-D RoPE) needs global attention in every block '
+                                 f'(window_size=0), got window_size={window_size}')
+            if use_rel_pos:
+                raise ValueError('rope_theta and use_rel_pos exclude each other (one relative '
+                                 'position scheme per model)')
+            if (embed_dims // num_heads) % 4:
+                raise ValueError(f'rope_theta needs a head dim (embed_dims / num_heads = '
+                                 f'{embed_dims // num_heads}) divisible by 4')
+        check_args(flags=dict(abs_pos_embed=abs_pos_embed))
+        self.rope_theta = None if rope_theta is None else float(rope_theta)
         self.img_size = to_tuple(img_size, 2, 'img_size')
         self.pretrain_grid = tuple(s // patch_size for s in self.img_size)
         if min(self.pretrain_grid) < 1:
@@ -349,7 +488,12 @@ class VisionTransformerTrunk(TransformerBackbone):
         self.num_layers = num_layers
         self.num_heads = num_heads
         self.with_cls_token = with_cls_token
-        self.num_prefix_tokens = 1 if with_cls_token else 0
+        self.num_register_tokens = num_register_tokens
+        self.num_prefix_tokens = int(with_cls_token) + num_register_tokens
+        self.layer_scale_init_value = layer_scale_init_value
+        self.ffn_type = ffn_type
+        self.feedforward_channels = ffn_dims
+        self.norm_eps = (norm_cfg or {}).get('eps', 1e-5)
         self.interpolate_mode = interpolate_mode
         self.window_size = window_size
         self.global_attn_indexes = global_attn_indexes
@@ -368,9 +512,13 @@ class VisionTransformerTrunk(TransformerBackbone):
         self.patch_embed = patch_embed
         if with_cls_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
-        # One CLS entry is always stored (also without a CLS token) so checkpoints map 1:1.
+        if num_register_tokens:  # Meta's name (timm: reg_token); they get no position
+            self.register_tokens = nn.Parameter(torch.zeros(1, num_register_tokens, embed_dims))
+        # One CLS entry is always stored (also without a CLS token) so checkpoints map 1:1;
+        # none at all with abs_pos_embed=False (DINOv3: positions come from the RoPE).
         self.pos_embed = nn.Parameter(
-            torch.zeros(1, 1 + self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims))
+            torch.zeros(1, 1 + self.pretrain_grid[0] * self.pretrain_grid[1], embed_dims)
+        ) if abs_pos_embed else None
         self.drop_after_pos = nn.Dropout(drop_rate)
         self.norm_pre = build_layer_norm(norm_cfg, embed_dims) if pre_norm else None
 
@@ -381,7 +529,8 @@ class VisionTransformerTrunk(TransformerBackbone):
                      rel_pos_size=self.pretrain_grid if use_rel_pos else None,
                      qkv_bias=qkv_bias, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                      drop_path_rate=rates[i], act_cfg=act_cfg, norm_cfg=norm_cfg,
-                     with_cp=with_cp) for i in range(num_layers)
+                     with_cp=with_cp, layer_scale_init_value=layer_scale_init_value,
+                     ffn_type=ffn_type, rope_theta=self.rope_theta) for i in range(num_layers)
         ])
         self.norm = build_layer_norm(norm_cfg, embed_dims) if final_norm else None
         self.init_trunk_weights()
@@ -390,12 +539,18 @@ class VisionTransformerTrunk(TransformerBackbone):
     def init_trunk_weights(self) -> None:
         """timm/mmseg init: trunc-normal(0.02) for pos-embed, CLS and the blocks' linear
         weights. The patch embedding (built here or injected) keeps its own init."""
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.with_cls_token:
             nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if self.num_register_tokens:
+            nn.init.normal_(self.register_tokens, std=1e-6)  # as Meta's DINOv2
         for part in (self.norm_pre, self.blocks, self.norm):
             if part is not None:
                 init_linear_and_norm(part.modules())
+                for m in part.modules():
+                    if isinstance(m, LayerScale):
+                        m.reset_parameters()
 
     def _init_random(self) -> None:
         self.init_trunk_weights()
@@ -403,12 +558,22 @@ class VisionTransformerTrunk(TransformerBackbone):
     def checkpoint_family(self):
         return VIT_CHECKPOINTS
 
+    def convert_checkpoint(self, state_dict, config: Optional[dict] = None):
+        """As the base class, with the family chosen by the file: DINOv3 and SAM checkpoints
+        (recognised by their keys or ``config.json``) have their own families
+        (``checkpoint/dinov3.py``, ``checkpoint/sam.py``), everything else the ViT family."""
+        for is_family, family in ((is_dinov3_checkpoint, DINOV3_CHECKPOINTS),
+                                  (is_sam_checkpoint, SAM_CHECKPOINTS)):
+            if is_family(state_dict, config):
+                return fit_checkpoint(family, state_dict, self, config=config)
+        return super().convert_checkpoint(state_dict, config)
+
     # ------------------------------------------------------------------------ layer decay
     def get_layer_depth(self, param_name: str) -> int:
         """Depth for layer-wise lr decay: 0 for the embedding (patch embed, CLS, pos-embed,
         pre-norm), ``i + 1`` for ``blocks.i``, ``num_layers + 1`` for everything after."""
         if param_name.startswith(('patch_embed.', 'norm_pre.')) or param_name in (
-                'cls_token', 'pos_embed'):
+                'cls_token', 'pos_embed', 'register_tokens'):
             return 0
         if param_name.startswith('blocks.'):
             return int(param_name.split('.')[1]) + 1
@@ -433,7 +598,9 @@ class VisionTransformerTrunk(TransformerBackbone):
         """The position embedding and CLS token, frozen with the embedding (``stages >= 0``)."""
         if stages < 0:
             return []
-        return [self.pos_embed] + ([self.cls_token] if self.with_cls_token else [])
+        return (([self.pos_embed] if self.pos_embed is not None else []) +
+                ([self.cls_token] if self.with_cls_token else []) +
+                ([self.register_tokens] if self.num_register_tokens else []))
 
     # ---------------------------------------------------------------------------- forward
     def prepare_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
@@ -449,11 +616,19 @@ class VisionTransformerTrunk(TransformerBackbone):
         ran ``patch_embed`` itself (the hybrid keeps the CNN maps) finish the embedding."""
         b = tokens.shape[0]
         tokens = tokens.reshape(b, grid[0] * grid[1], -1)
-        pos = resize_pos_embed(self.pos_embed, self.pretrain_grid, grid, num_prefix_tokens=1,
-                               mode=self.interpolate_mode)
-        seq = tokens + pos[:, 1:]
+        seq, cls = tokens, getattr(self, 'cls_token', None)
+        if self.pos_embed is not None:
+            seq = seq + resize_abs_pos_embed(self.pos_embed[:, 1:], self.pretrain_grid, grid,
+                                             self.pos_embed_resize)
+            if cls is not None:
+                cls = cls + self.pos_embed[:, :1]
+        prefix = []
         if self.with_cls_token:
-            seq = torch.cat([(self.cls_token + pos[:, :1]).expand(b, -1, -1), seq], dim=1)
+            prefix.append(cls.expand(b, -1, -1))
+        if self.num_register_tokens:  # after CLS, before the patches; no position (DINOv2)
+            prefix.append(self.register_tokens.expand(b, -1, -1))
+        if prefix:
+            seq = torch.cat(prefix + [seq], dim=1)
         seq = self.drop_after_pos(seq)
         if self.norm_pre is not None:
             seq = self.norm_pre(seq)
@@ -512,9 +687,18 @@ class ViTAdapter(VisionTransformerTrunk):
 
     def __init__(self, arch='base', adapter: Optional[str] = None,
                  adapter_cfg: Optional[dict] = None, out_indices=None, frozen_stages: int = -1,
-                 **kwargs):
+                 neck: Optional[str] = None, neck_cfg: Optional[dict] = None, **kwargs):
         check_choice('adapter', adapter, ADAPTERS)
         check_optional_dict('adapter_cfg', adapter_cfg)
+        check_choice('neck', neck, NECKS)
+        check_optional_dict('neck_cfg', neck_cfg)
+        if neck is not None and adapter is not None:
+            raise ValueError(f'neck={neck!r} maps the last block to one stride-patch map; it '
+                             f'excludes a pyramid adapter (got adapter={adapter!r})')
+        if neck is None and neck_cfg:
+            raise ValueError('neck_cfg needs a neck (neck=\'sam\')')
+        for key, value in preset_defaults(arch).items():
+            kwargs.setdefault(key, value)
         super().__init__(arch, **kwargs)
         check_int('frozen_stages', frozen_stages, -1, self.num_layers)
         self.adapter_type = adapter
@@ -528,14 +712,22 @@ class ViTAdapter(VisionTransformerTrunk):
             self.out_indices = resolve_indices((0, 1, 2, 3) if out_indices is None else
                                                out_indices, 4, 'pyramid levels',
                                                note=' with an adapter')
-            allowed = (4, 8, 16, 32) if adapter == 'simple' else (16, )
-            if self.patch_size not in allowed:
-                raise ValueError(f'adapter={adapter!r} needs patch_size in {allowed} (strides '
-                                 f'4..32 are built from the stride-patch map), got '
-                                 f'{self.patch_size}; checkpoints with other patch sizes are '
-                                 'resampled on loading')
+            if adapter == 'simple' and self.patch_size > 32:
+                raise ValueError(f"adapter='simple' needs patch_size <= 32 (strides 4..32 are "
+                                 f'built from the stride-patch map), got {self.patch_size}')
             build = self._simple_pyramid if adapter == 'simple' else self._interaction_adapter
             self.adapter = build(dict(adapter_cfg or {}))
+        self.neck = None
+        if neck is not None:  # SAM's conv neck on the last block (ViTAdapter's 'sam' neck)
+            cfg = dict(neck_cfg or {})
+            out_channels = cfg.pop('out_channels', 256)
+            if cfg:
+                raise ValueError(f"neck_cfg for 'sam' accepts out_channels only, got "
+                                 f'{sorted(cfg)}')
+            if self.out_indices != (self.num_layers - 1, ):
+                raise ValueError(f'neck={neck!r} runs on the last block: out_indices must be -1, '
+                                 f'got {out_indices!r}')
+            self.neck = SamNeck(self.embed_dims, out_channels)
         self._freeze_stages()
 
     def _simple_pyramid(self, cfg: dict) -> SimpleFeaturePyramid:
@@ -558,6 +750,7 @@ class ViTAdapter(VisionTransformerTrunk):
                              f'got {indexes}')
         num_heads = cfg.pop('num_heads', 6 if self.embed_dims < 1024 else 16)
         cfg.setdefault('in_channels', self.in_channels)
+        cfg.setdefault('vit_stride', self.patch_size)
         return InteractionAdapter(self.embed_dims, num_heads, indexes, **cfg)
 
     def frozen_modules(self) -> List[nn.Module]:
@@ -569,6 +762,8 @@ class ViTAdapter(VisionTransformerTrunk):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, C_in, H, W) -> tuple of NCHW maps (see the module docstring for sizes)."""
         check_image_input(x, self.in_channels, model=self)
+        if self.neck is not None:
+            return (self.neck(self.forward_intermediates(x)[-1]), )
         if self.adapter is None:
             return tuple(self.forward_intermediates(x, self.out_indices))
         h, w = x.shape[-2:]

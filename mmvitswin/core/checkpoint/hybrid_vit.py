@@ -77,7 +77,8 @@ def hybrid_model_arch(model) -> dict:
 # without being reported missing, so the one warning lists only surprises.
 HYBRID_CHECKPOINTS = VIT_CHECKPOINTS._replace(
     name='hybrid ResNet+ViT', convert=convert_hybrid_state_dict, probe=hybrid_arch_of,
-    model_probe=hybrid_model_arch, keep_initialised={'timm': r'level_projs\.'})
+    model_probe=hybrid_model_arch, keep_initialised={'timm': r'level_projs\.'},
+    convert_needs_config=False, config_probe=None)
 
 
 def adapt_hybrid_state_dict(sd: StateDict, model) -> StateDict:

@@ -39,3 +39,12 @@ from .neck import SamNeck  # noqa: E402
 
 __all__ += ['RotaryPositionEmbedding2d', 'apply_rope', 'patch_center_coords', 'rope_cos_sin',
             'rope_periods', 'rotate_half', 'SamNeck']
+
+# ViT trunk features for DINOv2 and timm/HF ViTs (helper H5)
+from .layer_scale import LayerScale  # noqa: E402
+from .pos_embed_rules import (POS_EMBED_RULES, resample_pos_grid,  # noqa: E402
+                              resize_abs_pos_embed)
+from .swiglu import SwiGLUFFN, swiglu_hidden_dims  # noqa: E402
+
+__all__ += ['LayerScale', 'POS_EMBED_RULES', 'resample_pos_grid', 'resize_abs_pos_embed',
+            'SwiGLUFFN', 'swiglu_hidden_dims']
