@@ -68,7 +68,9 @@ SLOW_TESTS = {
     'tests/test_benchmark_tool.py': 'runs tools/benchmark.py (the benchmark tool)',
     'tests/test_demo_tools.py': 'runs tools/demo.py, visualize.py, make_shapes.py',
     'tests/test_train_tools.py': 'trains/tests through tools/*.py, also two gloo processes',
-    'tests/test_registry.py::test_swin_type_builds_our_class': 'a fresh interpreter per case',
+    'tests/test_registry.py::test_swin_type_builds_our_class':
+        'two fresh interpreters (import orders) for the 7 cases',
+    'tests/test_core_standalone.py': 'a fresh interpreter without OpenMMLab builds the zoo',
     'tests/test_amp_runner.py::test_train_amp_on_cpu_runs_bf16_through_the_runner':
         'tools/train.py in a subprocess',
     'tests/test_amp_runner.py::test_test_amp_evaluates_in_bf16': 'tools/test.py in a subprocess',
@@ -112,9 +114,34 @@ SLOW_TESTS = {
 }
 
 
+# Per-test time limits (pytest-timeout): a hung test fails with its traceback instead of
+# stalling the run. Every slow test gets SLOW_TIMEOUT_S, or the figure of the first prefix of
+# SLOW_TIMEOUTS it matches; a test's own @pytest.mark.timeout(...) wins. The limits are several
+# times what the test takes on a loaded 2-core machine: they catch hangs, not slowness.
+# (The fast tier: setup.cfg's default `timeout`, if set.)
+SLOW_TIMEOUT_S = 300
+SLOW_TIMEOUTS = {
+    'tests/test_train_tools.py': 900,
+    'tests/test_demo_tools.py': 900,
+    'tests/test_benchmark_tool.py': 900,
+    'tests/test_amp_runner.py': 600,
+    'tests/test_configs.py::test_config_builds_and_predicts': 600,
+    'tests/test_swin_detector.py': 600,
+    'tests/test_deploy_paths.py::test_compile': 600,
+}
+
+
+def _prefixed(nodeid: str, table: dict):
+    return next((value for prefix, value in table.items() if nodeid.startswith(prefix)), None)
+
+
 def pytest_collection_modifyitems(config, items):
+    with_timeouts = config.pluginmanager.hasplugin('timeout')
     for item in items:
-        for prefix, reason in SLOW_TESTS.items():
-            if item.nodeid.startswith(prefix):
-                item.add_marker(pytest.mark.slow(reason=reason))
-                break
+        reason = _prefixed(item.nodeid, SLOW_TESTS)
+        if reason is not None:
+            item.add_marker(pytest.mark.slow(reason=reason))
+        if (with_timeouts and item.get_closest_marker('slow') is not None
+                and item.get_closest_marker('timeout') is None):
+            item.add_marker(pytest.mark.timeout(_prefixed(item.nodeid, SLOW_TIMEOUTS)
+                                                 or SLOW_TIMEOUT_S))
