@@ -124,11 +124,13 @@ ZOO: Dict[str, Entry] = {
         xfail=dict(checkpoint='the ViT family drops patch_embed.proj of every conv-stem model, '
                    'its own 1x1 projection included (core/checkpoint/vit.py '
                    'fit_vit_embeddings): the own state dict does not round-trip')),
-    # ViT-Adapter: spatial prior module + interaction blocks with deformable attention.
+    # ViT-Adapter: spatial prior module + interaction blocks with deformable attention, the
+    # outputs projected to out_channels.
     'vit-interaction': Entry(ViTAdapter,
                              _vit(adapter='interaction',
-                                  adapter_cfg=dict(num_heads=4, conv_inplane=8, n_points=2)),
-                             out_channels=(64, 64, 64, 64),
+                                  adapter_cfg=dict(num_heads=4, conv_inplane=8, n_points=2,
+                                                   out_channels=32)),
+                             out_channels=(32, 32, 32, 32),
                              xfail=dict(standalone=(
                                  'its .safetensors file has a header of 0x7880 bytes: the '
                                  'first byte 0x80 makes core/checkpoint/files.py '
