@@ -519,3 +519,27 @@ def test_non_checkpoint_files(tmp_path):
     _save(_hf_swin('SwinBackbone'), 'snapshot', broken)
     (broken / 'config.json').write_text('{"model_type": "swin",')  # cut short
     _expect(broken, 'damaged', CheckpointError, 'config.json')
+
+
+def test_safetensors_header_length_starting_with_pickle_byte(tmp_path):
+    """A safetensors header of 0x..80 bytes begins with byte 0x80, a pickle's first byte: the
+    file is still read as safetensors (its layout is tested before the pickle marker)."""
+    import struct
+
+    from safetensors.torch import save_file
+
+    from mmvitswin.core.checkpoint.files import read_checkpoint
+    tensors = {'w': torch.arange(6, dtype=torch.float32).view(2, 3)}
+    path = str(tmp_path / 'weights.safetensors')
+    for pad in range(256):
+        save_file(tensors, path, metadata={'pad': 'x' * pad})
+        with open(path, 'rb') as f:
+            if f.read(1) == b'\x80':
+                break
+    else:
+        raise AssertionError('no padding gave a header length whose first byte is 0x80')
+    with open(path, 'rb') as f:
+        assert struct.unpack('<Q', f.read(8))[0] % 256 == 0x80
+    ckpt = read_checkpoint(path)
+    assert ckpt.kind == 'safetensors'
+    assert torch.equal(ckpt.obj['w'], tensors['w'])

@@ -475,9 +475,11 @@ def _load_weights_file(path: str, map_location, source: str) -> Tuple[dict, str]
     if osp.isfile(path):
         with open(path, 'rb') as f:
             head = f.read(16)
-    is_torch = head.startswith(b'PK\x03\x04') or head[:1] == b'\x80'
-    if not is_torch and (name.endswith('.safetensors') or
-                         _looks_like_safetensors(head, osp.getsize(path))):
+    # A safetensors header length can start with byte 0x80 (a 128..255-byte header), which is
+    # also a pickle's first byte: test for the safetensors layout (length + '{') first.
+    is_safetensors = _looks_like_safetensors(head, osp.getsize(path)) if head else False
+    is_torch = not is_safetensors and (head.startswith(b'PK\x03\x04') or head[:1] == b'\x80')
+    if is_safetensors or (not is_torch and name.endswith('.safetensors')):
         return load_safetensors_file(path, map_location, source), 'safetensors'
     obj = _load_torch_file(path, map_location, source)
     return obj, ('bin' if name.endswith('.bin') else 'torch')
