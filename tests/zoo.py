@@ -153,10 +153,7 @@ ZOO: Dict[str, Entry] = {
         ViTAdapter,
         _vit(patch_size=8, stem='conv', with_cls_token=False, window_size=4, use_rel_pos=True,
              adapter='simple', adapter_cfg=dict(out_channels=32)),
-        out_channels=(32, 32, 32, 32),
-        xfail=dict(checkpoint='the ViT family drops patch_embed.proj of every conv-stem model, '
-                   'its own 1x1 projection included (core/checkpoint/vit.py '
-                   'fit_vit_embeddings): the own state dict does not round-trip')),
+        out_channels=(32, 32, 32, 32)),
     # ViT-Adapter: spatial prior module + interaction blocks with deformable attention, the
     # outputs projected to out_channels.
     'vit-interaction': Entry(ViTAdapter,

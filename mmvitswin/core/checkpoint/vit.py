@@ -364,9 +364,10 @@ def fit_vit_embeddings(sd: StateDict, model) -> StateDict:
     out = OrderedDict(sd)
     kernel = sd.get('patch_embed.proj.weight')
     target = own.get('patch_embed.proj.weight')
-    if kernel is not None and isinstance(getattr(model, 'patch_embed', None), ConvStem):
-        # a patchify kernel does not fit a conv stem's 1x1 projection: leave the stem as
-        # initialised (reported missing) and say why
+    if (kernel is not None and isinstance(getattr(model, 'patch_embed', None), ConvStem)
+            and (target is None or kernel.shape != target.shape)):
+        # a patchify kernel does not fit a conv stem's 1x1 projection (a conv-stem model's
+        # own file does): leave the stem as initialised (reported missing) and say why
         del out['patch_embed.proj.weight']
         out.pop('patch_embed.proj.bias', None)
         warnings.warn(f'{type(model).__name__} has a conv stem (stem="conv"): the checkpoint\'s '
