@@ -482,6 +482,48 @@ def test_swin3d_arch_names_are_mmaction2s(ref_3d):
     assert set(ARCH_ZOO) | set(ARCH_ALIASES) == set(ref_3d.arch_zoo)
 
 
+# ------------------------------------------------------------------ signatures, positions
+def _parameters(cls):
+    import inspect
+    return [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != 'self']
+
+
+@pytest.mark.parametrize('which', ['mmdet', 'mmseg', 'mmaction2'])
+def test_same_arguments_positions_and_defaults(refs_2d, ref_3d, which):
+    """Positional calls mean the same (mmseg lacks mmdet's ``convert_weights``: its positions
+    agree up to ``pretrained``); defaults are equal, except our ``None`` for the Swin sizes
+    (the keyword-only ``arch`` preset: Swin-T, mmdet's numbers), mmaction2's ``init_cfg``
+    (its truncated-normal/constant list; ours, None, runs the same init) and its required
+    ``arch`` (ours: 'tiny')."""
+    ref_cls, ours_cls = ((ref_3d, SwinTransformer3D) if which == 'mmaction2' else
+                         (refs_2d[which], SwinTransformer))
+    ref, ours = _parameters(ref_cls), _parameters(ours_cls)
+    positional = [p.name for p in ours if p.kind == p.POSITIONAL_OR_KEYWORD]
+    names = [p.name for p in ref]
+    if which == 'mmseg':
+        cut = names.index('pretrained') + 1
+        assert positional[:cut] == names[:cut]
+        assert set(names) <= set(positional)
+    else:
+        assert positional == names
+    ours_defaults = {p.name: p.default for p in ours}
+    for p in ref:
+        if p.default is p.empty or (p.name == 'init_cfg' and which == 'mmaction2'):
+            continue  # mmaction2's arch is required; ours defaults to 'tiny'
+        if p.name in ('embed_dims', 'depths', 'num_heads'):
+            assert ours_defaults[p.name] is None
+            continue
+        assert ours_defaults[p.name] == p.default, p.name
+    if which == 'mmdet':  # a positional call, as mmdet's tests write them
+        args = (36, 3, 32, 4, 5, 2, (1, 2, 1, 1), (1, 2, 4, 8))
+        torch.manual_seed(1)
+        ref_model = _build(ref_cls, dict(zip(names, args)))
+        _perturb(ref_model)
+        ours_model = SwinTransformer(*args).eval()
+        ours_model.load_state_dict(ref_model.state_dict(), strict=True)
+        _same_outputs(ref_model, ours_model, torch.randn(1, 3, 36, 52))
+
+
 # ----------------------------------------------------------------------- our additions
 def test_additions_behave_as_documented():
     """The rows where ours accepts what a reference refuses, checked for their meaning."""

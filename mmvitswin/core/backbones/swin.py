@@ -210,9 +210,10 @@ def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequenc
 class SwinTransformer(TransformerBackbone):
     """Swin Transformer returning NCHW maps at strides 4/8/16/32 (for ``out_indices``).
 
-    Constructor: the union of mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` keyword
-    arguments with their defaults, plus ``arch`` ('tiny' | 'small' | 'base' | 'large', or a
-    dict) whose values explicit ``embed_dims`` / ``depths`` / ``num_heads`` override.
+    Constructor: the union of mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` arguments with
+    their defaults, in mmdet's positional order, plus the keyword-only ``arch`` ('tiny' |
+    'small' | 'base' | 'large', or a dict) whose values explicit ``embed_dims`` / ``depths`` /
+    ``num_heads`` override (left as None they are Swin-T's, mmdet's defaults).
 
     Pretrained weights: ``init_cfg=dict(type='Pretrained', checkpoint=PATH_OR_URL)``; the format
     (mmdet/mmseg, Microsoft release, timm old/new, with ``state_dict``/``model``/``module.``/
@@ -228,7 +229,6 @@ class SwinTransformer(TransformerBackbone):
     """
 
     def __init__(self,
-                 arch='tiny',
                  pretrain_img_size=224,
                  in_channels: int = 3,
                  embed_dims: Optional[int] = None,
@@ -252,7 +252,9 @@ class SwinTransformer(TransformerBackbone):
                  pretrained: Optional[str] = None,
                  convert_weights: bool = False,
                  frozen_stages: int = -1,
-                 init_cfg: Optional[dict] = None):
+                 init_cfg: Optional[dict] = None,
+                 *,
+                 arch='tiny'):
         super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
 
         preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS, exact=True)
