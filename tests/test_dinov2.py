@@ -208,6 +208,25 @@ def test_timm_layout_reproduces_hf(tmp_path, registers, swiglu):
     assert_matches(ours(path, registers, swiglu, rule), ref)
 
 
+@pytest.mark.parametrize('names', ['timm', 'facebook'])
+def test_deit3_layout_reproduces_its_model(tmp_path, names):
+    """DeiT-III (timm's ``deit3_*``: LayerScale, ``no_embed_class``; Facebook's original names
+    ``gamma_1/gamma_2``) at patch 16: the oracle is HF's Dinov2 block stack (the same
+    architecture) with a zero CLS position, which is what ``no_embed_class`` means."""
+    ref = hf_dinov2(seed=5, patch_size=16, image_size=64)
+    with torch.no_grad():
+        ref.embeddings.position_embeddings[:, 0] = 0
+    sd = to_timm(_hub_keys(ref, tmp_path))
+    sd['pos_embed'] = sd['pos_embed'][:, 1:].contiguous()  # no CLS entry
+    if names == 'facebook':
+        sd = {k.replace('ls1.gamma', 'gamma_1').replace('ls2.gamma', 'gamma_2'): v
+              for k, v in sd.items()}
+    path = tmp_path / 'deit3.pth'
+    torch.save({'model': sd}, path)
+    model = ours(path, patch_size=16, img_size=64)
+    assert_matches(model, ref, [(64, 64), (48, 80), (128, 96)])
+
+
 @pytest.mark.parametrize('registers,swiglu', [(0, False), (4, True)])
 def test_meta_pth_reproduces_hf(tmp_path, registers, swiglu):
     ref = hf_dinov2(registers, swiglu, seed=3)
@@ -314,7 +333,12 @@ def test_pos_embed_rules_match_their_implementations():
     meta = F.interpolate(grid, scale_factor=((3 + 0.1) / 4, (7 + 0.1) / 4), mode='bicubic')
     assert torch.equal(resize_abs_pos_embed(pos, (4, 4), dst, 'bicubic'), flat(plain))
     assert torch.equal(resize_abs_pos_embed(pos, (4, 4), dst, 'bicubic-antialias'), flat(anti))
-    assert torch.equal(resize_abs_pos_embed(pos, (4, 4), dst, 'bicubic-offset'), flat(meta))
+    # (computed as a grid_sample at the same positions: equal up to fp32 coordinate rounding)
+    assert max_rel_err(resize_abs_pos_embed(pos, (4, 4), dst, 'bicubic-offset'),
+                       flat(meta)) < 1e-5
+    big = F.interpolate(grid, scale_factor=((37 + 0.1) / 4, (29 + 0.1) / 4), mode='bicubic')
+    assert max_rel_err(resize_abs_pos_embed(pos, (4, 4), (37, 29), 'bicubic-offset'),
+                       flat(big)) < 1e-5
     assert max_rel_err(flat(anti), flat(plain)) > 1e-3  # the rules do differ off the grid
     assert max_rel_err(flat(meta), flat(plain)) > 1e-3
     assert resize_abs_pos_embed(pos, (4, 4), (4, 4), 'bicubic-antialias') is pos

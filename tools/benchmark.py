@@ -71,6 +71,19 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
     'hybrid_vit_t': dict(type='HybridViT', arch='tiny'),
     'swin3d_t': dict(type='SwinTransformer3D', arch='tiny', out_indices=(0, 1, 2, 3),
                      frames=8),
+    # DINOv2-B ViT-Adapter (all blocks global, as HF's) against HF's Dinov2Backbone on the same
+    # weights (``reference``: the baseline is built from our trunk, not from the host)
+    'vit_adapter_dinov2_b_simple': dict(type='ViTAdapter', arch='dinov2-b', adapter='simple',
+                                        reference='hf-dinov2'),
+    'vit_adapter_dinov2_b_interaction': dict(type='ViTAdapter', arch='dinov2-b',
+                                             adapter='interaction', reference='hf-dinov2'),
+    'vit_adapter_dinov2_tiny_test': dict(
+        type='ViTAdapter', arch=dict(embed_dims=64, num_layers=2, num_heads=2,
+                                     feedforward_channels=256),
+        patch_size=14, img_size=56, layer_scale_init_value=1e-5, final_norm=True,
+        adapter='interaction', adapter_cfg=dict(num_heads=2, conv_inplane=16, n_points=2,
+                                                interaction_indexes=[(0, 1), (1, 2)]),
+        reference='hf-dinov2'),
 }
 # A case: kind (forward | train | whole | rss | rss_train), model (a BACKBONES or WHOLE key),
 # scale (of the recipe's sizes) or sides (low, high: H and W drawn independently), count (sizes
@@ -90,6 +103,14 @@ def _swin_speed_rows(kind: str, suffix: str = '') -> list:
     return [[f'Swin-T {what} fp32{suffix}', 'ours fp32', 'ref fp32', 'time'],
             [f'Swin-T {what} bf16{amp} vs ref fp32{suffix}', 'ours bf16', 'ref fp32', 'time'],
             [f'Swin-T {what} bf16{amp} vs ref bf16{suffix}', 'ours bf16', 'ref bf16', 'time']]
+
+
+def _dinov2_rows(adapter: str) -> list:
+    """DINOv2-B ViTAdapter rows against HF's Dinov2Backbone (its stride-14 map only), fp32
+    and bf16, at the detection recipe's sizes scaled by 0.6 (a new size every call)."""
+    name = f'ViTAdapter DINOv2-B {adapter}'
+    return [[f'{name} forward fp32 vs HF Dinov2Backbone fp32', 'ours fp32', 'ref fp32', 'time'],
+            [f'{name} forward bf16 vs HF Dinov2Backbone bf16', 'ours bf16', 'ref bf16', 'time']]
 
 
 PRESETS = {
@@ -130,6 +151,10 @@ PRESETS = {
             ['HybridViT-T forward fp32', 'ours fp32', None, 'time']]),
         dict(model='swin3d_t', kind='forward', scale=0.2, count=2, batch=1, rows=[
             ['SwinTransformer3D-T forward fp32, 8 frames', 'ours fp32', None, 'time']]),
+        dict(model='vit_adapter_dinov2_b_simple', kind='forward', scale=0.6, count=3, batch=1,
+             rows=_dinov2_rows('simple')),
+        dict(model='vit_adapter_dinov2_b_interaction', kind='forward', scale=0.6, count=3,
+             batch=1, rows=_dinov2_rows('interaction')),
     ],
     'rss': [dict(model='swin_t', kind='rss', scale=1.0, count=300, batch=1, rows=[
         ['Swin-T resident memory growth after {count} new sizes, forward fp32', 'ours fp32',
@@ -150,6 +175,11 @@ PRESETS = {
              'rss']]),
         dict(model='hybrid_vit_t', kind='forward', scale=0.15, count=1, batch=1, rows=[
             ['HybridViT-T forward fp32', 'ours fp32', None, 'time']]),
+        dict(model='vit_adapter_dinov2_tiny_test', kind='forward', scale=0.15, count=1, batch=1,
+             rows=[['tiny DINOv2 ViTAdapter forward fp32 vs HF Dinov2Backbone', 'ours fp32',
+                    'ref fp32', 'time'],
+                   ['tiny DINOv2 ViTAdapter forward bf16 vs HF Dinov2Backbone bf16',
+                    'ours bf16', 'ref bf16', 'time']]),
     ],
 }
 
@@ -370,6 +400,64 @@ def reference_backbone(host: str, cfg: dict, state: dict) -> Optional[nn.Module]
     return ref
 
 
+class HFDinov2Reference(nn.Module):
+    """HF ``Dinov2Backbone`` (or ``Dinov2WithRegistersBackbone``) built and loaded from one of
+    our DINOv2 trunks: same width, depth, heads, patch, LayerScale, registers, FFN, weights;
+    returns its last block's (layer-normed) map, as our trunk's final map."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        import transformers
+        regs = model.num_register_tokens
+        kwargs = dict(hidden_size=model.embed_dims, num_hidden_layers=model.num_layers,
+                      num_attention_heads=model.num_heads,
+                      # HF's SwiGLU width is DINOv2's 2/3 rule of a 4x MLP
+                      mlp_ratio=4 if model.ffn_type == 'swiglu' else
+                      model.feedforward_channels // model.embed_dims,
+                      image_size=model.img_size[0], patch_size=model.patch_size,
+                      layer_norm_eps=model.norm_eps, use_swiglu_ffn=model.ffn_type == 'swiglu',
+                      out_features=[f'stage{model.num_layers}'])
+        if regs:
+            config = transformers.Dinov2WithRegistersConfig(num_register_tokens=regs, **kwargs)
+            self.hf = transformers.Dinov2WithRegistersBackbone(config)
+        else:
+            self.hf = transformers.Dinov2Backbone(transformers.Dinov2Config(**kwargs))
+        missing = self.hf.load_state_dict(hf_dinov2_state(model.state_dict(), model.num_layers),
+                                          strict=False).missing_keys
+        if [k for k in missing if not k.endswith('mask_token')]:
+            raise RuntimeError(f'HF reference: weights missing for {missing[:4]}')
+
+    def forward(self, x: torch.Tensor):
+        return tuple(self.hf(pixel_values=x).feature_maps)
+
+
+def hf_dinov2_state(state: dict, num_layers: int) -> dict:
+    """Our trunk's keys -> the module names of transformers' Dinov2 models (>= 5)."""
+    out = {'embeddings.cls_token': state['cls_token'],
+           'embeddings.position_embeddings': state['pos_embed'],
+           'embeddings.patch_embeddings.projection.weight': state['patch_embed.proj.weight'],
+           'embeddings.patch_embeddings.projection.bias': state['patch_embed.proj.bias'],
+           'layernorm.weight': state['norm.weight'], 'layernorm.bias': state['norm.bias']}
+    if 'register_tokens' in state:
+        out['embeddings.register_tokens'] = state['register_tokens']
+    names = {'norm1': 'norm1', 'norm2': 'norm2', 'attn.proj': 'attention.o_proj',
+             'ffn.layers.0.0': 'mlp.fc1', 'ffn.layers.1': 'mlp.fc2', 'ffn.w3': 'mlp.down_proj'}
+    for i in range(num_layers):
+        src, dst = f'blocks.{i}.', f'encoder.layer.{i}.'
+        for kind in ('weight', 'bias'):
+            for q, name in zip(state[src + f'attn.qkv.{kind}'].chunk(3), 'qkv'):
+                out[dst + f'attention.{name}_proj.{kind}'] = q
+            for ours, theirs in names.items():
+                if src + f'{ours}.{kind}' in state:
+                    out[dst + f'{theirs}.{kind}'] = state[src + f'{ours}.{kind}']
+            if src + f'ffn.w12.{kind}' in state:
+                gate, up = state[src + f'ffn.w12.{kind}'].chunk(2)
+                out[dst + f'mlp.gate_proj.{kind}'], out[dst + f'mlp.up_proj.{kind}'] = gate, up
+        out[dst + 'layer_scale1.lambda1'] = state[src + 'ls1.gamma']
+        out[dst + 'layer_scale2.lambda1'] = state[src + 'ls2.gamma']
+    return out
+
+
 def _to_bn(node):
     if isinstance(node, dict):
         return {k: 'BN' if (k == 'type' and v == 'SyncBN') else _to_bn(v) for k, v in node.items()}
@@ -410,14 +498,21 @@ class Subject:
             self.backbone_cfg = dict(copy.deepcopy(BACKBONES[case['model']]), init_cfg=None,
                                      **case.get('backbone_kwargs', {}))
             self.frames = self.backbone_cfg.pop('frames', None)
+            self.reference = self.backbone_cfg.pop('reference', None)
             self.base = MODELS.build(copy.deepcopy(self.backbone_cfg))
         self.state = copy.deepcopy(self.base.state_dict())
         bb_state = self.state if case['kind'] != 'whole' else self.base.backbone.state_dict()
-        self.ref = (reference_backbone(self.host, self.backbone_cfg, bb_state)
-                    if args.reference != 'none' else None)
+        if args.reference == 'none':
+            self.ref = None
+        elif getattr(self, 'reference', None) == 'hf-dinov2':
+            self.ref = HFDinov2Reference(self.base)
+        else:
+            self.ref = reference_backbone(self.host, self.backbone_cfg, bb_state)
 
     def variant(self, name: str) -> Optional[nn.Module]:
         impl, *flags = name.split()
+        if impl in PEER_BUILDERS:  # timm's / HF's Swin with our weights; None if not built
+            return build_peer(self, name)
         if impl == 'ref' and self.ref is None:
             return None
         if self.case['kind'] == 'whole':
@@ -562,13 +657,15 @@ def run_case(case: dict, args, device) -> dict:
                              subject=subj, baseline=base, metric=metric))
     if not rows:
         return dict(case=case, rows=[])
+    add_peers(rows, case, args)
     sizes = (draw_grid_sizes(count + 1, *case['sides'], args.seed) if 'sides' in case
              else draw_sizes(count + 1, case['scale'], args.seed))
     subject = Subject(case, args, device)
     names = []
     for r in rows:
         r['reference'] = subject.host if subject.ref is not None else None
-        names += [n for n in (r['subject'], r['baseline']) if n and n not in names]
+        names += [n for n in (r['subject'], r['baseline'], *r.get('peers', ()))
+                  if n and n not in names]
     calls = {}
     for name in names:
         model = subject.variant(name)
@@ -643,7 +740,9 @@ def run_case(case: dict, args, device) -> dict:
                 for name in order:
                     record['variants'][name]['peak_bytes'] = run(
                         name, lambda: peak_bytes(lambda: calls[name](x), device))
-    record['rows'] = [dict(r, **summarize_row(r, record['variants'])) for r in rows]
+    record['roofline'] = case_roofline(case, subject, sizes, args, device, rows)
+    record['rows'] = [dict(r, **summarize_row(r, record['variants']),
+                           **summarize_more(r, record, subject)) for r in rows]
     return record
 
 
@@ -669,6 +768,675 @@ def summarize_row(row: dict, variants: dict) -> dict:
         out.update(rss_mib=gs / MIB, rss_mib_baseline=None if gb is None else gb / MIB,
                    rss_diff_mib=None if gb is None else (gs - gb) / MIB)
     return out
+
+
+# ------------------------------------------------------------------------------ peers: timm, HF
+# Each Swin time row whose baseline is the reference ('ref <dtype>') is also timed against timm's
+# and HuggingFace's Swin in that precision ('timm <dtype>', 'hf <dtype>'): same weights (ours,
+# moved into their layouts), same inputs, interleaved with the other variants of the case.
+PEERS = ('timm', 'hf')
+TIMM_SWIN = 'swin_tiny_patch4_window7_224'  # built with features_only=True, strict_img_size=False
+_TIMM: Optional[tuple] = None  # (module or None, note): imported once per process
+
+
+class _StubClass(type):
+    """A torchvision name timm touches at import (a base class, an enum member): any attribute
+    is another stub; calling one says it is not there."""
+
+    def __getattr__(cls, name):
+        if name.startswith('__'):
+            raise AttributeError(name)
+        return _StubClass(name, (), {})
+
+    def __call__(cls, *args, **kwargs):
+        raise RuntimeError(f'torchvision stub: {cls.__name__} is not available in this process')
+
+
+class _StubModule(type(sys)):
+    def __getattr__(self, name):
+        if name.startswith('__'):
+            raise AttributeError(name)
+        return _StubClass(name, (), {})
+
+
+class _TorchvisionStub:
+    """Import hook answering every ``torchvision[.x]`` import with a stub module, while timm is
+    imported; removed with its modules afterwards, so nothing else in the process sees it."""
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.machinery
+        if name == 'torchvision' or name.startswith('torchvision.'):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__, module.__version__ = [], '0.0.0+stub'
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def _drop_modules(*packages: str) -> None:
+    for name in [n for n in sys.modules if n.split('.')[0] in packages]:
+        del sys.modules[name]
+
+
+def import_timm() -> tuple:
+    """``(timm or None, note)``. timm imports torchvision at import time; where that fails
+    (torchvision missing, or its C++ ops not loading beside this torch) timm is imported once
+    more with a torchvision stub in this process only, and the note says so."""
+    global _TIMM
+    if _TIMM is not None:
+        return _TIMM
+    try:
+        import timm
+        _TIMM = (timm, f'timm {timm.__version__}')
+    except Exception as exc:  # noqa: BLE001  (ImportError, or torchvision's RuntimeError)
+        first = f'{type(exc).__name__}: {exc}'.splitlines()[0][:160]
+        _drop_modules('timm', 'torchvision')
+        stub = _TorchvisionStub()
+        sys.meta_path.insert(0, stub)
+        try:
+            import timm
+            _TIMM = (timm, f'timm {timm.__version__} imported with a torchvision stub '
+                           f'(import timm failed: {first})')
+        except Exception as exc2:  # noqa: BLE001
+            _drop_modules('timm')
+            _TIMM = (None, f'timm not benchmarked: import failed ({first}), and with a '
+                           f'torchvision stub too ({type(exc2).__name__}: {exc2})'[:400])
+        finally:
+            sys.meta_path.remove(stub)
+            _drop_modules('torchvision')
+    print(f'[bench] {_TIMM[1]}', file=sys.stderr, flush=True)
+    return _TIMM
+
+
+def swin_kwargs(cfg: dict, state: dict) -> dict:
+    """The architecture of our Swin ``cfg`` as the peers need it: sizes read from its weights
+    ``state`` (embed_dims, depths, num_heads, window_size, mlp_ratio, qkv_bias, patch_size,
+    in_channels), the rest from ``cfg`` over the constructor's defaults. ValueError (naming the
+    argument) for a Swin that timm's and HF's Swin cannot represent."""
+    from mmvitswin.openmmlab.registry import MODELS
+    kw = {}
+    for klass in MODELS.get(cfg['type']).__mro__:  # the registered class forwards **kwargs
+        for k, p in inspect.signature(klass.__init__).parameters.items():
+            if p.default is not inspect.Parameter.empty:
+                kw.setdefault(k, p.default)
+    kw.update({k: v for k, v in cfg.items() if k != 'type'})
+    embed, stages = state['patch_embed.projection.weight'], []
+    while f'stages.{len(stages)}.blocks.0.norm1.weight' in state:
+        stages.append(sum(1 for k in state if re.match(
+            rf'stages\.{len(stages)}\.blocks\.\d+\.norm1\.weight$', k)))
+    block = 'stages.{}.blocks.0.attn.w_msa.'
+    tables = [state[block.format(s) + 'relative_position_bias_table'] for s in range(len(stages))]
+    kw.update(embed_dims=embed.shape[0], in_channels=embed.shape[1], patch_size=embed.shape[2],
+              depths=stages, num_heads=[t.shape[1] for t in tables],
+              window_size=(round(tables[0].shape[0]**0.5) + 1) // 2,
+              mlp_ratio=state['stages.0.blocks.0.ffn.layers.0.0.weight'].shape[0] / embed.shape[0],
+              qkv_bias=block.format(0) + 'qkv.bias' in state)
+    wanted = dict(patch_norm=True, use_abs_pos_embed=False, qk_scale=None,
+                  strides=(kw['patch_size'], 2, 2, 2)[:len(stages)],
+                  out_indices=tuple(range(len(stages))))
+    for key, value in wanted.items():
+        have = kw.get(key, value)
+        if (tuple(have) if isinstance(have, (list, tuple)) else have) != value:
+            raise ValueError(f'{key}={have!r}: the timm/HF peers are built for {value!r}')
+    if kw['mlp_ratio'] == int(kw['mlp_ratio']):
+        kw['mlp_ratio'] = int(kw['mlp_ratio'])
+    return kw
+
+
+def load_from_ours(peer: nn.Module, ours: dict, to_ours, unfilled: str = r'$^') -> None:
+    """Load our state dict ``ours`` into ``peer`` through ``to_ours`` (the core conversion of the
+    peer's layout into ours) run backwards: ``to_ours`` is applied to a probe holding each
+    peer element's own index (float64, exact), so every element of ours says which peer element
+    it is. Renames, q/k/v joins and the PatchMerging channel reorder are inverted exactly.
+    Raises ValueError for a weight of ours the peer has no place for, or a peer parameter left
+    unfilled whose name does not match ``unfilled`` (weights the peer has but never applies)."""
+    from mmvitswin.core.checkpoint import DERIVED_KEYS
+    own = peer.state_dict()
+    probe, spans, total = {}, {}, 0
+    for key, value in own.items():
+        if value.is_floating_point():
+            probe[key] = torch.arange(total, total + value.numel(),
+                                      dtype=torch.float64).reshape(value.shape)
+            spans[key], total = (total, value.numel()), total + value.numel()
+    values = torch.full((total, ), float('nan'), dtype=torch.float64)
+    used = set()
+    for key, index in to_ours(probe).items():
+        if not (torch.is_tensor(index) and index.dtype == torch.float64):
+            continue  # derived on our side (relative_position_index)
+        if key not in ours or tuple(ours[key].shape) != tuple(index.shape):
+            raise ValueError(f'{key}: the peer has it with shape {tuple(index.shape)}, ours '
+                             + (f'has {tuple(ours[key].shape)}' if key in ours else 'does not'))
+        values[index.reshape(-1).long()] = ours[key].detach().to('cpu', torch.float64).reshape(-1)
+        used.add(key)
+    left = [k for k, v in ours.items() if k not in used and v.is_floating_point()
+            and not k.endswith(DERIVED_KEYS)]
+    params = dict(peer.named_parameters())
+    unset = [k for k, (start, n) in spans.items() if torch.isnan(values[start:start + n]).any()]
+    bad = [k for k in unset if k in params and not re.match(unfilled, k)]
+    if left or bad:
+        raise ValueError(f'weights of ours without a place in the peer: {left[:4]}; peer '
+                         f'parameters left unset: {bad[:4]}')
+    peer.load_state_dict({k: values[s:s + n].reshape(own[k].shape).to(own[k].dtype)
+                          for k, (s, n) in spans.items() if k not in unset}, strict=False)
+
+
+def _timm_to_ours(sd: dict) -> dict:
+    from mmvitswin.core.checkpoint import convert_swin_state_dict
+    # features_only flattens 'layers.N' into 'layers_N'; the rest is timm's own layout
+    return convert_swin_state_dict({re.sub(r'^layers_(\d+)\.', r'layers.\1.', k): v
+                                    for k, v in sd.items()})[0]
+
+
+def timm_swin(cfg: dict, state: dict, img_size: int = 224) -> nn.Module:
+    """timm's Swin (``TIMM_SWIN``, ``features_only=True, strict_img_size=False``) with ``cfg``'s
+    architecture and our weights ``state``. Its features are NHWC and not normalised (ours:
+    ``norm{i}`` on each level, left out here), and it drops the shift in stages no larger than
+    the window at ``img_size`` (Swin-T at 224: stage 4)."""
+    timm, note = import_timm()
+    if timm is None:
+        raise RuntimeError(note)
+    kw = swin_kwargs(cfg, state)
+    model = timm.create_model(
+        TIMM_SWIN, pretrained=False, features_only=True, strict_img_size=False,
+        img_size=img_size, patch_size=kw['patch_size'], in_chans=kw['in_channels'],
+        embed_dim=kw['embed_dims'], depths=tuple(kw['depths']), num_heads=tuple(kw['num_heads']),
+        window_size=kw['window_size'], mlp_ratio=kw['mlp_ratio'], qkv_bias=kw['qkv_bias'],
+        drop_rate=kw['drop_rate'], attn_drop_rate=kw['attn_drop_rate'],
+        drop_path_rate=kw['drop_path_rate'])
+    load_from_ours(model, {k: v for k, v in state.items() if not re.match(r'norm\d+\.', k)},
+                   _timm_to_ours)
+    return model
+
+
+class HFFeatureMaps(nn.Module):
+    """HF ``SwinBackbone`` returning its feature maps (NCHW, each normalised), like mmdet's."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        return tuple(self.backbone(pixel_values=x).feature_maps)
+
+
+def hf_swin(cfg: dict, state: dict) -> nn.Module:
+    """HF ``transformers``' ``SwinBackbone`` (all stages out) with ``cfg``'s architecture and
+    our weights ``state`` (its final ``layernorm``, never applied by the backbone, kept)."""
+    from transformers import SwinBackbone, SwinConfig
+
+    from mmvitswin.core.checkpoint import convert_swin_state_dict
+    kw = swin_kwargs(cfg, state)
+    config = SwinConfig(
+        image_size=kw['pretrain_img_size'], patch_size=kw['patch_size'],
+        num_channels=kw['in_channels'], embed_dim=kw['embed_dims'], depths=list(kw['depths']),
+        num_heads=list(kw['num_heads']), window_size=kw['window_size'],
+        mlp_ratio=kw['mlp_ratio'], qkv_bias=kw['qkv_bias'], hidden_dropout_prob=kw['drop_rate'],
+        attention_probs_dropout_prob=kw['attn_drop_rate'], drop_path_rate=kw['drop_path_rate'],
+        out_features=[f'stage{i + 1}' for i in range(len(kw['depths']))])
+    model = HFFeatureMaps(SwinBackbone(config))
+    load_from_ours(model.backbone, state, lambda sd: convert_swin_state_dict(sd)[0],
+                   unfilled=r'(swin\.)?layernorm\.')
+    return model
+
+
+PEER_BUILDERS = dict(timm=timm_swin, hf=hf_swin)
+
+
+def build_peer(subject, name: str) -> Optional[nn.Module]:
+    """Variant ``name`` ('timm fp32', 'hf bf16', ...) of a backbone case's ``subject``: the
+    peer with our weights, on the case's device and in its mode; None if it cannot be built
+    (the reason in ``subject.peer_errors[name]``, the case goes on without it)."""
+    impl, *flags = name.split()
+    try:
+        model = PEER_BUILDERS[impl](subject.backbone_cfg, subject.state)
+    except Exception as exc:  # noqa: BLE001  (timm missing, an architecture it lacks)
+        reason = f'{type(exc).__name__}: {exc}'.splitlines()[0][:300]
+        subject.__dict__.setdefault('peer_errors', {})[name] = reason
+        print(f'[bench] {name} not built: {reason}', file=sys.stderr, flush=True)
+        return None
+    model.to(subject.device)
+    model.train(subject.case['kind'] in ('train', 'rss_train'))
+    if 'compiled' in flags or subject.args.compile:
+        compile_blocks(model)
+    return model
+
+
+def case_roofline(case: dict, subject, sizes, args, device, rows) -> Optional[dict]:
+    """:func:`roofline` for a forward or train-step case with time rows (``--no-roofline``:
+    None); a failure is recorded as ``{'error': ...}``, the times stand."""
+    if not args.roofline or case['kind'] not in ('forward', 'train') or \
+            not any(r['metric'] == 'time' for r in rows):
+        return None
+    dtypes = {n.split()[1] for r in rows for n in (r['subject'], r['baseline'],
+                                                   *r.get('peers', ())) if n}
+    try:
+        return roofline(case, subject, sizes, args, device, sorted(dtypes))
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        return dict(error=f'{type(exc).__name__}: {exc}'.splitlines()[0][:200])
+
+
+def summarize_more(row: dict, record: dict, subject) -> dict:
+    """The peers' and the roofline's fields of a summarised time row."""
+    if row['metric'] != 'time':
+        return {}
+    out = summarize_peers(row, record['variants'], getattr(subject, 'peer_errors', {})) \
+        if row.get('peers') else {}
+    out.update(summarize_roofline(row, record['variants'], record.get('roofline')))
+    return out
+
+
+def peer_notes() -> List[str]:
+    """What the peers' columns are, for the report."""
+    import transformers
+    return [import_timm()[1] + f": '{TIMM_SWIN}', features_only=True, strict_img_size=False: "
+            'NHWC features without the per-level norms, no shift in stages no larger than the '
+            'window at 224 (Swin-T: stage 4), rolls before padding',
+            f'HF transformers {transformers.__version__} SwinBackbone (all four stages, '
+            'attention implementation as configured by default)']
+
+
+def add_peers(rows: List[dict], case: dict, args) -> None:
+    """Give each time row of a Swin backbone case whose baseline is the reference the peers
+    (``row['peers']``: 'timm <dtype>', 'hf <dtype>', the baseline's precision)."""
+    cfg = BACKBONES.get(case['model'], {})
+    if not args.peers or case['kind'] not in ('forward', 'train') or \
+            str(cfg.get('type', '')).split('.')[-1] != 'SwinTransformer':
+        return
+    for row in rows:
+        found = re.fullmatch(r'ref (\w+)', row['baseline'] or '')
+        if row['metric'] == 'time' and found:
+            row['peers'] = [f'{p} {found.group(1)}' for p in args.peers]
+
+
+def _mean_ms(times) -> Optional[float]:
+    return 1e3 * sum(times) / len(times) if times else None
+
+
+def summarize_peers(row: dict, variants: dict, errors: dict) -> dict:
+    """``{impl}_{phase}_ms`` and ``{impl}_{phase}_speedup`` (peer time / subject time) for each
+    peer, ``{impl}_error`` for one not built, and ``fastest_{phase}_speedup``: the fastest of
+    the baseline and the peers over the subject (> 1: the subject beats all of them)."""
+    out, s = {}, variants.get(row['subject'], {})
+    for phase in ('first', 'again'):
+        others = [variants.get(row['baseline'], {}).get(phase)]
+        for name in row.get('peers', ()):
+            impl, v = name.split()[0], variants.get(name)
+            if v is None or 'error' in v:
+                out[f'{impl}_error'] = (v or {}).get('error') or errors.get(name, 'not built')
+                continue
+            out[f'{impl}_{phase}_ms'] = _mean_ms(v[phase])
+            out[f'{impl}_{phase}_speedup'] = (sum(v[phase]) / sum(s[phase])
+                                              if v[phase] and s.get(phase) else None)
+            others.append(v[phase])
+        best = min((sum(t) / len(t) for t in others if t), default=None)
+        out[f'fastest_{phase}_speedup'] = (best * len(s[phase]) / sum(s[phase])
+                                           if best and s.get(phase) else None)
+    return out
+
+
+# ------------------------------------------------------------------------------ GEMM roofline
+# A row's FLOPs are the matrix products of one call of our fp32 model (torch's FlopCounterMode:
+# linears, attention, convolutions; forward, plus backward in a train step) at each of its
+# sizes; its limit is this machine's torch.mm rate (the threads in use) at the model's own
+# GEMM shapes, recorded at the pass's median size, in the variant's precision.
+_GEMM_SECONDS: dict = {}  # (M, K, N, a transposed, b transposed, dtype, device) -> best seconds
+
+
+def _transposed(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and t.size(0) > 1 and t.size(1) > 1 and t.stride(0) == 1
+
+
+def _gemm_shapes_mode():
+    """A dispatch mode counting the GEMMs a call runs: ``counts[(M, K, N, a_t, b_t)]``, from
+    ``mm``/``addmm`` and from convolutions (forward and both gradients) read as GEMMs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    aten = torch.ops.aten
+
+    class GemmShapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts = {}
+
+        def _add(self, m, k, n, a_t=False, b_t=False):
+            key = (int(m), int(k), int(n), a_t, b_t)
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            packet = getattr(func, 'overloadpacket', None)
+            if packet in (aten.mm, aten.addmm):
+                a, b = args[-2:] if packet is aten.addmm else args[:2]
+                self._add(a.size(0), a.size(1), b.size(1), _transposed(a), _transposed(b))
+            elif packet is aten.convolution and args[1].dim() == 4 and args[8] == 1 and (
+                    not args[6] or args[1].shape[2:].numel() == 1):
+                w, o = args[1], out
+                k = w.size(1) * w.shape[2:].numel() if not args[6] else w.size(0)
+                self._add(o.size(0) * o.shape[2:].numel(), k, o.size(1))
+            elif packet is aten.convolution_backward and args[2].dim() == 4 and args[9] == 1 \
+                    and not args[7]:
+                g, w, mask = args[0], args[2], args[10]
+                m, k, n = g.size(0) * g.shape[2:].numel(), w.size(1) * w.shape[2:].numel(), \
+                    w.size(0)
+                if mask[0]:
+                    self._add(m, n, k)
+                if mask[1]:
+                    self._add(n, m, k, a_t=True)
+            return out
+
+    return GemmShapes()
+
+
+def _sdpa_flops():
+    """FlopCounterMode formulas for the CPU's fused attention ops, which torch's table lacks
+    (torch's own SDPA formulas, so counts match the GPU ops')."""
+    from torch.utils import flop_counter as fc
+    aten, table = torch.ops.aten, {}
+    fwd = getattr(aten, '_scaled_dot_product_flash_attention_for_cpu', None)
+    bwd = getattr(aten, '_scaled_dot_product_flash_attention_for_cpu_backward', None)
+    if fwd is not None and hasattr(fc, 'sdpa_flop_count'):
+        table[fwd] = lambda q, k, v, *a, out_shape=None, **kw: fc.sdpa_flop_count(q, k, v)
+    if bwd is not None and hasattr(fc, 'sdpa_backward_flop_count'):
+        table[bwd] = lambda g, q, k, v, *a, out_shape=None, **kw: \
+            fc.sdpa_backward_flop_count(g, q, k, v)
+    return table
+
+
+def count_flops(model: nn.Module, x: torch.Tensor, train: bool, shapes=None) -> int:
+    """Matrix-product FLOPs of one forward (``train``: forward, loss, backward) of ``model``
+    on ``x``; ``shapes``: a :func:`_gemm_shapes_mode` to record the GEMMs too."""
+    from contextlib import nullcontext
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False, custom_mapping=_sdpa_flops()) as counter:
+        with shapes or nullcontext():
+            if train:
+                sum(o.float().square().mean() for o in _levels(model(x))).backward()
+            else:
+                with torch.no_grad():
+                    model(x)
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def gemm_seconds(m: int, k: int, n: int, a_t: bool, b_t: bool, dtype, device,
+                 reps: int = 3) -> float:
+    """Best of ``reps`` timed ``torch.mm`` of (m, k) @ (k, n) in ``dtype`` (operands laid out
+    transposed where the model's were), after one warm-up; cached per process."""
+    key = (m, k, n, a_t, b_t, dtype, str(device))
+    if key not in _GEMM_SECONDS:
+        a = (torch.randn(k, m, device=device).t() if a_t else
+             torch.randn(m, k, device=device)).to(dtype)
+        b = (torch.randn(n, k, device=device).t() if b_t else
+             torch.randn(k, n, device=device)).to(dtype)
+        best = float('inf')
+        for i in range(reps + 1):
+            sync(device)
+            start = time.perf_counter()
+            torch.mm(a, b)
+            sync(device)
+            if i:
+                best = min(best, time.perf_counter() - start)
+        _GEMM_SECONDS[key] = best
+    return _GEMM_SECONDS[key]
+
+
+def gemm_rate(counts: dict, dtype, device) -> Optional[float]:
+    """GFLOP/s of torch.mm over the GEMM shapes ``counts`` (each weighted by its count)."""
+    flops = sum(2 * m * k * n * c for (m, k, n, _, _), c in counts.items())
+    seconds = sum(gemm_seconds(*shape, dtype, device) * c for shape, c in counts.items())
+    return flops / seconds / 1e9 if seconds else None
+
+
+def roofline(case: dict, subject, sizes, args, device, dtypes) -> dict:
+    """FLOPs of each pass size (``flops``, in order) and the GEMM rate per precision
+    (``gemm_gflops``), measured after the passes."""
+    model = subject.variant('ours fp32')
+    train = case['kind'] == 'train'
+    model.train(train)
+    by_area = sorted(sizes[1:], key=lambda s: s[0] * s[1])
+    median = by_area[len(by_area) // 2]
+    shapes, flops = _gemm_shapes_mode(), []
+    for i, size in enumerate(sizes[1:], 1):
+        x = subject.make_input(size, i)
+        flops.append(count_flops(model, x, train, shapes if size == median else None))
+    del model
+    return dict(flops=flops, gemm_size=median, gemm_shapes=len(shapes.counts),
+                threads=torch.get_num_threads(),
+                gemm_gflops={d: gemm_rate(shapes.counts, DTYPES[d], device) for d in dtypes})
+
+
+def summarize_roofline(row: dict, variants: dict, roof: Optional[dict]) -> dict:
+    """``gflop_per_call``, ``roof_gflops`` (the subject's precision) and, per phase, the
+    achieved GFLOP/s of the subject and ``{phase}_roof_ratio`` = achieved / roof; the same
+    ratio for the baseline (``baseline_{phase}_roof_ratio``) and each peer."""
+    if not roof or 'error' in roof:
+        return {}
+    flops = roof['flops']
+    out = dict(gflop_per_call=sum(flops) / len(flops) / 1e9,
+               roof_gflops=roof['gemm_gflops'].get(row['subject'].split()[1]))
+    who = [('', row['subject']), ('baseline_', row['baseline'])] + [
+        (f"{p.split()[0]}_", p) for p in row.get('peers', ())]
+    for prefix, name in who:
+        v = variants.get(name) if name else None
+        rate = roof['gemm_gflops'].get(name.split()[1]) if name else None
+        for phase in ('first', 'again'):
+            times = (v or {}).get(phase)
+            if not times or len(times) != len(flops) or not rate:
+                continue
+            achieved = sum(flops) / sum(times) / 1e9
+            if not prefix:
+                out[f'{phase}_gflops'] = achieved
+            out[f'{prefix}{phase}_roof_ratio'] = achieved / rate
+    return out
+
+
+# ------------------------------------------------------------------------------ profile mode
+# (group, exact op names, name fragments): an op goes to the first group that names it or a
+# fragment of its name; 'other' takes the rest. Times are the ops' self times.
+PROFILE_GROUPS = (
+    ('attention (SDPA)', (), ('scaled_dot_product', 'flash_attention', 'efficient_attention')),
+    ('softmax', (), ('softmax', )),
+    ('GEMM', ('mm', 'addmm', 'bmm', 'baddbmm', 'addbmm', 'matmul', 'linear', 'mv', 'addmv',
+              'dot', 'einsum', '_linear_pointwise', 'linear_backward'), ('conv', 'mkldnn_linear')),
+    ('norms', (), ('layer_norm', 'group_norm', 'batch_norm', 'rms_norm')),
+    ('GELU', (), ('gelu', )),
+    ('layout copies', ('copy_', 'contiguous', 'clone', 'permute', 'transpose', 't', 'roll',
+                       'index_select', 'cat', 'pad', 'constant_pad_nd', '_to_copy', 'to',
+                       'reshape', 'view', '_unsafe_view', '_reshape_alias', 'expand',
+                       'as_strided', 'narrow', 'narrow_copy', 'slice', 'select', 'split',
+                       'split_with_sizes', 'chunk', 'unbind', 'stack', 'unfold', 'im2col',
+                       'col2im', 'flatten', 'unflatten', 'unsqueeze', 'squeeze', 'movedim',
+                       'slice_backward', 'select_backward', 'alias', 'pixel_shuffle',
+                       'pixel_unshuffle', 'reflection_pad2d', 'replication_pad2d'), ()),
+    ('gather/scatter', ('index', 'index_put', 'index_put_', '_index_put_impl_', 'gather',
+                        'scatter', 'scatter_', 'scatter_add', 'scatter_add_', 'index_add',
+                        'index_add_', 'index_copy_', 'index_fill_', 'take', 'embedding',
+                        'embedding_dense_backward', 'masked_scatter'), ()),
+    ('optimizer', (), ('_fused_adam', '_foreach_', 'Optimizer.')),
+)
+PROFILE_ORDER = [g for g, _, _ in PROFILE_GROUPS] + ['other']
+
+
+def op_group(name: str) -> str:
+    """The :data:`PROFILE_GROUPS` group of a profiler event name (``aten::mm`` -> 'GEMM')."""
+    base = name.split('::')[-1].split('.')[0]
+    for group, names, fragments in PROFILE_GROUPS:
+        if base in names or any(f in name for f in fragments):
+            return group
+    return 'other'
+
+
+def group_profile(events, calls: int, cuda: bool) -> Tuple[dict, List[tuple]]:
+    """ms per call of each group (the self times of profiler ``events``, e.g.
+    ``prof.events()``; every op run inside an ``Optimizer.step`` counts as 'optimizer'), and the
+    ops by time: (name, group, ms)."""
+    groups, ops = dict.fromkeys(PROFILE_ORDER, 0.0), {}
+    for e in events:
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us <= 0:
+            continue
+        parent, group = e.cpu_parent, op_group(e.name)
+        while parent is not None and group != 'optimizer':
+            if parent.name.startswith('Optimizer.step'):
+                group = 'optimizer'
+            parent = parent.cpu_parent
+        ms = us / 1e3 / calls
+        groups[group] += ms
+        ops[(e.name, group)] = ops.get((e.name, group), 0.0) + ms
+    return groups, sorted(((n, g, ms) for (n, g), ms in ops.items()), key=lambda o: -o[2])
+
+
+def profile_workloads(args, device) -> List[dict]:
+    """torch.profiler over ``args.count`` new sizes (after a warm-up size) of each profiled
+    implementation, kind (forward, train step) and precision (fp32, ``args.dtype``)."""
+    from torch.profiler import ProfilerActivity, profile
+    sizes = draw_sizes((args.count or 2) + 1, args.profile_scale, args.seed)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda'
+                                           else [])
+    out = []
+    for kind in ('forward', 'train'):
+        case = dict(model=args.profile_model, kind=kind, scale=args.profile_scale,
+                    batch=args.profile_batch)
+        subject = Subject(case, args, device)
+        inputs = [subject.make_input(s, i) for i, s in enumerate(sizes)]
+        for impl in args.profile_impls:
+            for dtype in dict.fromkeys(('fp32', args.dtype)):
+                name = f'{impl} {dtype}'
+                entry = dict(impl=impl, kind=kind, dtype=dtype, sizes=sizes)
+                try:
+                    model = subject.variant(name)
+                    if model is None:
+                        raise RuntimeError(subject.peer_errors.get(name) or 'no such variant')
+                    call = make_call(kind, model, dtype, device)
+                    call(inputs[0])
+                    with profile(activities=activities) as prof:
+                        start = time.perf_counter()
+                        for x in inputs[1:]:
+                            call(x)
+                        sync(device)
+                        wall = time.perf_counter() - start
+                    groups, ops = group_profile(prof.events(), len(inputs) - 1,
+                                                device.type == 'cuda')
+                    entry.update(wall_ms=1e3 * wall / (len(inputs) - 1), groups=groups,
+                                 top_ops=ops[:15])
+                except Exception as exc:  # noqa: BLE001  (one workload must not lose the rest)
+                    traceback.print_exc()
+                    entry['error'] = f'{type(exc).__name__}: {exc}'.splitlines()[0][:200]
+                out.append(entry)
+                print(f"[profile] {kind} {name}: " + (entry.get('error') or
+                      f"{entry['wall_ms']:.1f} ms per call"), file=sys.stderr, flush=True)
+    return out
+
+
+def render_profile(report: dict) -> str:
+    from tabulate import tabulate
+    m, work = report['machine'], report['workloads']
+    ok = [w for w in work if 'error' not in w]
+    heads = [f"{w['impl']} {w['kind'].replace('train', 'train step')} {w['dtype']}" for w in ok]
+    def cell(w, group):
+        total = max(sum(w['groups'].values()), 1e-9)
+        return f"{w['groups'][group]:.1f} ({100 * w['groups'][group] / total:.0f} %)"
+    table = [[group] + [cell(w, group) for w in ok] for group in PROFILE_ORDER]
+    table.append(['sum of op self times'] + [f"{sum(w['groups'].values()):.1f}" for w in ok])
+    table.append(['wall per call'] + [f"{w['wall_ms']:.1f}" for w in ok])
+    sizes = ok[0]['sizes'] if ok else []
+    lines = [f"# mmvitswin profile: {report['model']}", '',
+             f"{m['cpu']}, {m['cpus']} usable CPUs, {m['threads']} torch threads, device "
+             f"{m['device']}; torch {m['torch']}; commit {m.get('commit')}; load average "
+             f"{m['load_average'][0]:.1f} at start, {report['load_average_end'][0]:.1f} at "
+             f"end. ms per call (self time of the ops in each group, % of their sum), mean "
+             f"over {len(sizes) - 1} new sizes after a warm-up at another; batch "
+             f"{report['batch']}; train step = forward, loss, backward, AdamW.", '',
+             tabulate(table, ['group'] + heads, tablefmt='github', disable_numparse=True), '',
+             '- sizes (warm-up first): ' + ', '.join(f'{h}x{w}' for h, w in sizes)]
+    for w in ok:
+        lines.append(f"- top ops, {w['impl']} {w['kind']} {w['dtype']}: " + ', '.join(
+            f"{n.split('::')[-1]} {ms:.1f}" for n, _, ms in w['top_ops'][:8]))
+    for w in work:
+        if 'error' in w:
+            lines.append(f"- error in {w['impl']} {w['kind']} {w['dtype']}: {w['error']}")
+    return '\n'.join(lines) + '\n'
+
+
+def profile_main(args, device) -> int:
+    """``--profile``: the grouped op profile (``profile.md``, ``profile.json`` in --out-dir)."""
+    report = dict(model=args.profile_model, batch=args.profile_batch, settings=vars(args),
+                  machine=machine_info(device))
+    report['workloads'] = profile_workloads(args, device)
+    report['load_average_end'] = list(os.getloadavg())
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, 'profile.json'), 'w') as f:
+        json.dump(report, f, indent=1, default=str)
+    text = render_profile(report)
+    with open(os.path.join(args.out_dir, 'profile.md'), 'w') as f:
+        f.write(text)
+    print(text)
+    return 1 if any('error' in w for w in report['workloads']) else 0
+
+
+# ------------------------------------------------------------------------------ peer, roof tables
+def render_peers(rows: List[dict], cases: List[dict]) -> List[str]:
+    """The peers table (each Swin time row against mmdet, timm and HF) and its notes."""
+    from tabulate import tabulate
+    rows = [r for r in rows if r.get('peers') and 'error' not in r]
+    if not rows:
+        return []
+    table = []
+    for r in rows:
+        cells = [r['label'], r['subject']]
+        for phase in ('first', 'again'):
+            cells += [_f(r.get(f'{phase}_ms')), _f(r.get(f'{phase}_ms_baseline'))]
+            cells += [_f(r.get(f'{impl}_{phase}_ms')) if f'{impl}_error' not in r else 'n/a'
+                      for impl in PEERS]
+            cells.append(_f(r.get(f'fastest_{phase}_speedup'), 2))
+        table.append(cells)
+    head = ['row', 'subject']
+    for phase in ('new', 'seen'):
+        head += [f'{phase}: subj ms', f'{phase}: {rows[0].get("reference") or "ref"} ms',
+                 f'{phase}: timm ms', f'{phase}: HF ms', f'{phase}: vs fastest']
+    notes = [f'- {n}' for n in peer_notes()]
+    errors = {f"{impl}: {r[f'{impl}_error']}" for r in rows for impl in PEERS
+              if f'{impl}_error' in r}
+    notes += [f'- not built: {e}' for e in sorted(errors)]
+    return ['## Peers (same weights, interleaved; peers in the baseline\'s precision)', '',
+            'vs fastest = the fastest of the baseline and the peers / subject (> 1: the subject '
+            'beats every one).', '', tabulate(table, head, tablefmt='github',
+                                                disable_numparse=True), ''] + notes + ['']
+
+
+def render_roofline(rows: List[dict], cases: List[dict]) -> List[str]:
+    """The roofline table: each time row's FLOPs, the GEMM limit and the fraction reached."""
+    from tabulate import tabulate
+    rows = [r for r in rows if r.get('gflop_per_call')]
+    if not rows:
+        return []
+    table = [[r['label'], _f(r['gflop_per_call']), _f(r.get('roof_gflops'), 0),
+              _f(r.get('first_gflops'), 0)] + [
+        _f(100 * r[k], 0) if r.get(k) else '-' for k in
+        ('first_roof_ratio', 'baseline_first_roof_ratio', 'timm_first_roof_ratio',
+         'hf_first_roof_ratio', 'again_roof_ratio')] for r in rows]
+    gemm = {(c['case']['model'], c['case']['kind']): c['roofline'] for c in cases
+            if c.get('roofline') and 'error' not in c['roofline']}
+    notes = [f"- {model} {kind}: GEMM rate at {len(r['flops'])} sizes' FLOPs, {r['gemm_shapes']} "
+             f"distinct GEMM shapes recorded at {r['gemm_size'][0]}x{r['gemm_size'][1]}, "
+             f"{r['threads']} threads: " + ', '.join(f'{d} {_f(g, 0)} GFLOP/s'
+                                                    for d, g in r['gemm_gflops'].items())
+             for (model, kind), r in gemm.items()]
+    return ['## GEMM roofline', '',
+            "FLOPs: matrix products (linears, attention, convolutions) of one call of our fp32 "
+            'model, forward (train rows: + backward), counted by torch FlopCounterMode; roof: '
+            "torch.mm's GFLOP/s on this machine at the model's own GEMM shapes, in the "
+            "subject's precision; % of roof = FLOPs / time / roof (new-sizes pass; seen: the "
+            'second pass).', '',
+            tabulate(table, ['row', 'GFLOP per call', 'roof GFLOP/s', 'new: subj GFLOP/s',
+                             'new: subj % of roof', 'new: base %', 'new: timm %', 'new: HF %',
+                             'seen: subj %'], tablefmt='github', disable_numparse=True), ''] \
+        + notes + ['']
 
 
 # ------------------------------------------------------------------------------ report
@@ -725,6 +1493,7 @@ def render(report: dict) -> str:
         lines += ['## Resident memory growth over new input sizes', '', tabulate(
             rss, ['row', 'subject', 'baseline', 'subj MiB', 'base MiB', 'subj - base MiB'],
             tablefmt='github', disable_numparse=True), '']
+    lines += render_peers(rows, report['cases']) + render_roofline(rows, report['cases'])
     errors = [c for c in report['cases'] if c.get('error')]
     for c in errors:
         lines.append(f"- error in case {c['case']['model']} {c['case']['kind']}: {c['error']}")
@@ -761,6 +1530,19 @@ def parse_args(argv=None):
     p.add_argument('--threads', type=int, help='torch threads (default: every usable CPU)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out-dir', default='bench_out')
+    p.add_argument('--peers', nargs='*', default=list(PEERS), choices=PEERS,
+                   help='Swin peers timed beside the reference (default: timm hf; none: --peers)')
+    p.add_argument('--no-roofline', dest='roofline', action='store_false',
+                   help='leave out the FLOP count and GEMM-rate measurement')
+    p.add_argument('--profile', action='store_true',
+                   help='instead of the cases: torch.profiler op groups of forward and train '
+                        'step, fp32 and --dtype (profile.md, profile.json)')
+    p.add_argument('--profile-model', default='swin_t', choices=sorted(BACKBONES))
+    p.add_argument('--profile-impls', nargs='+', default=['ours'],
+                   choices=['ours', 'ref', *PEERS])
+    p.add_argument('--profile-scale', type=float, default=1.0,
+                   help='of the recipe sizes (1.0: detection sizes); --count sets how many')
+    p.add_argument('--profile-batch', type=int, default=1)
     args = p.parse_args(argv)
     if args.count is not None and args.count < 1:
         p.error('--count must be >= 1')
@@ -796,6 +1578,8 @@ def main(argv=None) -> int:
     import mmvitswin  # noqa: F401  (registers ours, bridges into mmdet/mmseg)
     from mmengine.logging import MMLogger
     MMLogger.get_instance('mmvitswin-benchmark', log_level='WARNING')
+    if args.profile:
+        return profile_main(args, device)
     start = time.perf_counter()
     report = dict(preset=args.cases or args.preset, settings=vars(args),
                   machine=machine_info(device), cases=[])

@@ -14,7 +14,9 @@ rule                       implementation
                            Meta's DINOv2 with registers: the same with ``antialias=True``
 ``'bicubic-offset'``       Meta's DINOv2 without registers (``interpolate_offset=0.1``):
                            ``scale_factor=(grid + 0.1) / src``, so the sampling positions
-                           follow that scale rather than ``src / grid``
+                           follow that scale rather than ``src / grid`` (computed as a
+                           bicubic ``grid_sample`` at those positions: same values, and
+                           ``torch.compile`` does not specialise on the size)
 ``'bilinear'``             ``interpolate_mode='bilinear'`` of mmseg
 ========================== ================================================================
 """
@@ -37,14 +39,31 @@ def resample_pos_grid(grid: torch.Tensor, dst_hw: Sequence[int], rule: str) -> t
     dtype = grid.dtype
     grid = grid.float()
     if rule == 'bicubic-offset':
-        src_h, src_w = grid.shape[-2:]
-        scale = ((dst_hw[0] + DINOV2_OFFSET) / src_h, (dst_hw[1] + DINOV2_OFFSET) / src_w)
-        out = F.interpolate(grid, scale_factor=scale, mode='bicubic', align_corners=False)
+        out = _bicubic_offset(grid, dst_hw)
     else:
         mode = 'bilinear' if rule == 'bilinear' else 'bicubic'
         out = F.interpolate(grid, size=tuple(dst_hw), mode=mode, align_corners=False,
                             antialias=rule == 'bicubic-antialias')
     return out.to(dtype)
+
+
+def _bicubic_offset(grid: torch.Tensor, dst_hw: Sequence[int]) -> torch.Tensor:
+    """Meta's ``F.interpolate(grid, scale_factor=(n + 0.1) / M, mode='bicubic')``: output
+    cell ``j`` reads source position ``(j + 0.5) * M / (n + 0.1) - 0.5``. Written as a
+    bicubic ``grid_sample`` at those positions (border-clamped taps, as ``interpolate``
+    clamps them), so the scale is a tensor, not a Python float that ``torch.compile`` would
+    specialise on for every input size."""
+    src_h, src_w = grid.shape[-2:]
+
+    def axis(n, m):  # grid_sample's normalised coordinate of each output cell's source
+        j = torch.arange(n, dtype=torch.float32, device=grid.device)
+        src = (j + 0.5) * (m / (n + DINOV2_OFFSET)) - 0.5
+        return (2 * src + 1) / m - 1
+
+    gy, gx = torch.meshgrid(axis(dst_hw[0], src_h), axis(dst_hw[1], src_w), indexing='ij')
+    coords = torch.stack((gx, gy), dim=-1)[None]
+    return F.grid_sample(grid, coords, mode='bicubic', padding_mode='border',
+                         align_corners=False)
 
 
 def resize_abs_pos_embed(pos_embed: torch.Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],
