@@ -237,6 +237,27 @@ def test_interaction_adapter_on_dinov3_runs_with_registers(case):
                                               (1, 64, 3, 3)]
 
 
+@pytest.mark.slow
+def test_released_size_dinov3_b_preset_reproduces_hf(tmp_path):
+    """DINOv3 ViT-B/16 at its released size (facebook/dinov3-vitb16-pretrain-lvd1689m's
+    config) through the 'dinov3-b' preset and an HF snapshot directory."""
+    cfg = transformers.DINOv3ViTConfig(hidden_size=768, intermediate_size=3072,
+                                       num_hidden_layers=12, num_attention_heads=12,
+                                       num_register_tokens=4, layerscale_value=1e-5,
+                                       rope_theta=100.0, layer_norm_eps=1e-5, image_size=224)
+    oracle = randomise(transformers.DINOv3ViTModel(cfg))
+    files = save_layouts(oracle, tmp_path)
+    model = ViTAdapter(arch='dinov3-b', init_cfg=dict(type='Pretrained', checkpoint=files['hf']))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        model.init_weights()
+    for size in [(224, 224), (160, 288)]:
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            (got, ) = model.eval()(x)
+        assert max_rel_err(got, hf_patch_tokens(oracle, x)) < 1e-5
+
+
 # -------------------------------------------------------------------------- mismatches
 @pytest.mark.parametrize('overrides, field', [
     (dict(num_register_tokens=0), 'num_register_tokens'),

@@ -223,6 +223,27 @@ def test_simple_pyramid_on_sam_trunk_loads_sam_weights(files):
     assert [tuple(o.shape[-2:]) for o in outs] == [(23, 33), (12, 17), (6, 9), (3, 5)]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # two ViT-B forwards at 1024 x 1024: ~3 min on 2 loaded cores
+def test_released_size_sam_b_preset_reproduces_hf(tmp_path):
+    """SAM-B at its released size (HF's SamVisionConfig defaults are SAM-B's) through the
+    'sam-b' preset and a whole-SAM Meta file, at its only size (1024)."""
+    hf = randomise(transformers.SamVisionModel(transformers.SamVisionConfig()))
+    path = str(tmp_path / 'sam_vit_b.pth')
+    torch.save(to_meta(hf.state_dict()), path)
+    model = ViTAdapter(arch='sam-b', neck='sam',
+                       init_cfg=dict(type='Pretrained', checkpoint=path))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        model.init_weights()
+    x = torch.randn(1, 3, 1024, 1024)
+    want = hf_neck_output(hf, x)
+    with torch.no_grad():
+        (got, ) = model.eval()(x)
+    assert got.shape == want.shape == (1, 256, 64, 64)
+    assert max_rel_err(got, want) < 1e-5
+
+
 # -------------------------------------------------------------------------- mismatches
 @pytest.mark.parametrize('overrides, field', [
     (dict(window_size=4), 'window_size'),
