@@ -11,15 +11,15 @@ Importing it changes no global state (no registration, no patching). The backbon
 The OpenMMLab layer (:mod:`mmvitswin.openmmlab`, imported by ``import mmvitswin`` when
 MMEngine is installed) registers them for MMDetection / MMSegmentation configs.
 """
-from .backbones import (HybridViT, SwinTransformer, SwinTransformer3D, TransformerBackbone,
-                        ViTAdapter, VisionTransformerTrunk)
+from .backbones import (HybridViT, SwinTransformer, SwinTransformer3D, SwinTransformerV2,
+                        TransformerBackbone, ViTAdapter, VisionTransformerTrunk)
 from .checkpoint import (CheckpointError, fit_checkpoint, load_checkpoint_file,
                          load_pretrained)
 
 # Every backbone class the OpenMMLab layer registers, by registry name.
 BACKBONES = {cls.__name__: cls for cls in (SwinTransformer, SwinTransformer3D, ViTAdapter,
-                                            HybridViT)}
+                                            HybridViT, SwinTransformerV2)}
 
 __all__ = ['BACKBONES', 'TransformerBackbone', 'SwinTransformer', 'SwinTransformer3D',
            'ViTAdapter', 'VisionTransformerTrunk', 'HybridViT', 'CheckpointError',
-           'fit_checkpoint', 'load_checkpoint_file', 'load_pretrained']
+           'fit_checkpoint', 'load_checkpoint_file', 'load_pretrained', 'SwinTransformerV2']

@@ -21,7 +21,6 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..compat import is_autocast_enabled
 from .arch import window_and_shift
@@ -31,6 +30,7 @@ from .shifted_window import shifted_window_attention
 from .window import relative_position_index
 
 __all__ = ['LOGIT_SCALE_MAX', 'log_spaced_relative_coords', 'pretrained_window_of', 'cpb_mlp',
+           'unit_vectors',
            'continuous_position_bias', 'CosineWindowAttention', 'ShiftWindowMSAV2']
 
 #: Upper clamp of the learnt per-head logit scale (the paper's ``log(1 / 0.01)``: at most 100).
@@ -54,6 +54,17 @@ def log_spaced_relative_coords(window: Sequence[int],
                         dtype=torch.float32)
     coords = coords * (8. / span)
     return torch.sign(coords) * torch.log2(coords.abs() + 1.) / math.log2(8)
+
+
+def unit_vectors(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``x / max(||x||, eps)`` over the last dim, in fp32 (``F.normalize``'s values), except that
+    a vector of norm ``<= eps`` gives 0 **with a zero gradient**. Why: a zero-padded token's key
+    is exactly 0 (the projection has no key bias), where ``F.normalize``'s gradient is ``1/eps``
+    = 1e12: inf once cast back to fp16 under autocast, and NaN weight gradients after ``inf * 0``
+    (in fp32 those entries only reach the dropped padding and multiply zero inputs)."""
+    x = x.float()
+    sq = x.square().sum(-1, keepdim=True)
+    return x * (torch.rsqrt(sq.clamp_min(eps * eps)) * (sq > eps * eps))
 
 
 def cpb_mlp(num_heads: int, hidden_dims: int = 512) -> nn.Sequential:
@@ -129,9 +140,9 @@ class CosineWindowAttention(Attention):
         plain attention with a unit scale. Heads may share a dim with windows (``(..., nW *
         heads, N, d)``): the scale broadcasts over the heads' position in that dim."""
         scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().float()
-        q_unit = F.normalize(q.float(), dim=-1).unflatten(-3, (-1, self.num_heads))
+        q_unit = unit_vectors(q).unflatten(-3, (-1, self.num_heads))
         q = (q_unit * scale).flatten(-4, -3).to(v.dtype)
-        k = F.normalize(k.float(), dim=-1).to(v.dtype)
+        k = unit_vectors(k).to(v.dtype)
         return super()._attend(q, k, v, bias)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:

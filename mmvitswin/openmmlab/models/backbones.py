@@ -50,6 +50,7 @@ SwinTransformer = _registered(core.SwinTransformer)
 SwinTransformer3D = _registered(core.SwinTransformer3D)
 ViTAdapter = _registered(core.ViTAdapter)
 HybridViT = _registered(core.HybridViT)
+SwinTransformerV2 = _registered(core.SwinTransformerV2)
 
 __all__ = ['OpenMMLabBackbone', 'SwinTransformer', 'SwinTransformer3D', 'ViTAdapter',
-           'HybridViT']
+           'HybridViT', 'SwinTransformerV2']

@@ -1,0 +1,424 @@
+"""SwinTransformerV2 against HuggingFace ``transformers`` as the oracle.
+
+HF's ``Swinv2Backbone`` with random weights (perturbed away from its init, so that biases,
+norms and logit scales all matter) is saved in every released layout -- HF itself (as a
+snapshot directory: ``config.json`` + ``model.safetensors``; ``Swinv2Model`` and
+``Swinv2ForImageClassification`` state dicts), Microsoft's, timm's and mmpretrain's (renamed
+here, test-side, from HF's keys) -- and loaded through ``init_cfg``/``load_pretrained``.
+
+Where the semantics agree: HF pads every stage to a multiple of the window **before** the
+cyclic shift, as we do, and it shrinks a window (dropping the shift) only where the stage's map
+at ``config.image_size`` is not larger than the window. The oracles are built with a large
+``image_size`` so that this never happens: then HF runs full, shifted windows on zero-padded
+maps at any input size, exactly our (detection) semantics. HF's ``Swinv2Backbone`` returns the
+stage outputs before any norm, ours after ``norm{i}``: the comparison applies our ``norm{i}`` to
+HF's maps. HF adds the -100 shift mask twice (-200 in all), Microsoft and we once: with the
+oracles' logit scales (5-20) a masked logit is at least 44 below every unmasked one either way
+(a weight below 1e-19), so both give the same fp32 result.
+"""
+import math
+import os
+
+import pytest
+import torch
+
+from mmvitswin.core.backbones.swin_v2 import SwinTransformerV2
+from mmvitswin.core.checkpoint import CheckpointError, load_pretrained
+from mmvitswin.core.layers import (CosineWindowAttention, log_spaced_relative_coords,
+                                   pretrained_window_of)
+from conftest import max_rel_err
+from zoo import perturb_like_trained
+
+transformers = pytest.importorskip('transformers')
+Swinv2Backbone, Swinv2Config = transformers.Swinv2Backbone, transformers.Swinv2Config
+
+NARROW = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
+# non-square, not multiples of 32, and one that pads every stage to a single window
+SIZES = [(64, 96), (45, 77), (37, 53), (20, 20)]
+STAGES = ['stage1', 'stage2', 'stage3', 'stage4']
+
+
+def hf_config(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window=4,
+              pretrained=(0, 0, 0, 0), image_size=1024) -> Swinv2Config:
+    """A Swinv2Config whose windows are never shrunk (see the module docstring)."""
+    return Swinv2Config(image_size=image_size, embed_dim=embed_dims, depths=list(depths),
+                        num_heads=list(num_heads), window_size=window,
+                        pretrained_window_sizes=list(pretrained), drop_path_rate=0.0,
+                        out_features=STAGES)
+
+
+def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter moved off its init (zoo.perturb_like_trained), in eval mode."""
+    return perturb_like_trained(model, seed).eval()
+
+
+@pytest.fixture(scope='module')
+def hf_narrow():
+    torch.manual_seed(0)
+    return perturbed(Swinv2Backbone(hf_config()))
+
+
+def hf_features(hf, model, x):
+    """HF's stage maps with our ``norm{i}`` applied (HF's backbone has no output norms)."""
+    with torch.no_grad():
+        maps = hf(x).feature_maps
+        return [getattr(model, f'norm{i}')(m.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+                for i, m in enumerate(maps)]
+
+
+def assert_matches_hf(model, hf, sizes=SIZES, tol=1e-5):
+    model.eval()
+    for size in sizes:
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            got = model(x)
+        want = hf_features(hf, model, x)
+        assert len(got) == len(want) == 4
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert a.shape == b.shape, (size, i)
+            err = max_rel_err(a, b)
+            assert err < tol, f'{size} stage {i}: relative error {err:.2e}'
+
+
+# --------------------------------------------------------------- test-side layout writers
+# Written from HF's module structure, not from our converter: HF's merging concatenates the
+# 2x2 neighbours (0,0), (1,0), (0,1), (1,1) (Microsoft's and timm's order); mmpretrain's (and
+# ours) is nn.Unfold's channel-major [c, dy, dx].
+def _unfold_columns(weight: torch.Tensor) -> torch.Tensor:
+    c = weight.shape[1] // 4
+    order = [(dy + 2 * dx) * c + ch for ch in range(c) for dy in range(2) for dx in range(2)]
+    return weight[:, order]
+
+
+def _hf_blocks(hf):
+    for s, stage in enumerate(hf.encoder.layers):
+        for b, block in enumerate(stage.blocks):
+            yield s, b, block
+
+
+def hf_to_microsoft_layout(hf, with_tables: bool = True) -> dict:
+    """Microsoft's release layout, with the derived buffers its files carry."""
+    sd = {'patch_embed.proj.weight': hf.embeddings.patch_embeddings.projection.weight,
+          'patch_embed.proj.bias': hf.embeddings.patch_embeddings.projection.bias,
+          'patch_embed.norm.weight': hf.embeddings.norm.weight,
+          'patch_embed.norm.bias': hf.embeddings.norm.bias}
+    for s, b, blk in _hf_blocks(hf):
+        p, att = f'layers.{s}.blocks.{b}.', blk.attention.self
+        sd[p + 'attn.qkv.weight'] = torch.cat([att.query.weight, att.key.weight,
+                                               att.value.weight])
+        sd[p + 'attn.q_bias'], sd[p + 'attn.v_bias'] = att.query.bias, att.value.bias
+        sd[p + 'attn.logit_scale'] = att.logit_scale
+        for i in (0, 2):
+            for n, t in att.continuous_position_bias_mlp[i].named_parameters():
+                sd[p + f'attn.cpb_mlp.{i}.{n}'] = t
+        if with_tables:
+            sd[p + 'attn.relative_coords_table'] = att.relative_coords_table
+            sd[p + 'attn.relative_position_index'] = att.relative_position_index
+        sd[p + 'attn.proj.weight'] = blk.attention.output.dense.weight
+        sd[p + 'attn.proj.bias'] = blk.attention.output.dense.bias
+        for ours, theirs in (('norm1', blk.layernorm_before), ('norm2', blk.layernorm_after),
+                             ('mlp.fc1', blk.intermediate.dense), ('mlp.fc2', blk.output.dense)):
+            sd[p + ours + '.weight'], sd[p + ours + '.bias'] = theirs.weight, theirs.bias
+    for s, stage in enumerate(hf.encoder.layers):
+        if stage.downsample is not None:
+            sd[f'layers.{s}.downsample.reduction.weight'] = stage.downsample.reduction.weight
+            sd[f'layers.{s}.downsample.norm.weight'] = stage.downsample.norm.weight
+            sd[f'layers.{s}.downsample.norm.bias'] = stage.downsample.norm.bias
+    width = hf.num_features[-1]  # the classifier's final norm and head: unused
+    sd['norm.weight'], sd['head.weight'] = torch.ones(width), torch.zeros(10, width)
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def _shift_downsample(sd: dict, stage_key: str) -> dict:
+    out = {}
+    for k, v in sd.items():
+        parts = k.split('.')
+        if parts[0] == stage_key and parts[2] == 'downsample':
+            parts[1] = str(int(parts[1]) + 1)
+        out['.'.join(parts)] = v
+    return out
+
+
+def hf_to_timm_layout(hf) -> dict:
+    """timm's swinv2_*: Microsoft's names, downsample at the start of the next stage, no
+    derived buffers (non-persistent), a zero ``k_bias``."""
+    sd = _shift_downsample(hf_to_microsoft_layout(hf, with_tables=False), 'layers')
+    for k in [k for k in sd if k.endswith('attn.q_bias')]:
+        sd[k.replace('q_bias', 'k_bias')] = torch.zeros_like(sd[k])
+    return sd
+
+
+def hf_to_mmpretrain_layout(hf) -> dict:
+    """mmpretrain's SwinTransformerV2: stages / w_msa / ffn names, downsample at the start of
+    the next stage, nn.Unfold merging order, derived buffers saved."""
+    out = {}
+    for k, v in hf_to_microsoft_layout(hf).items():
+        if k.startswith(('norm.', 'head.')):
+            continue
+        k = (k.replace('patch_embed.proj.', 'patch_embed.projection.')
+             .replace('.attn.', '.attn.w_msa.').replace('.mlp.fc1.', '.ffn.layers.0.0.')
+             .replace('.mlp.fc2.', '.ffn.layers.1.').replace('layers.', 'stages.', 1))
+        if k.endswith('downsample.reduction.weight'):
+            v = _unfold_columns(v)
+        out[k] = v
+    return _shift_downsample(out, 'stages')
+
+
+def hf_model_layout(hf) -> dict:
+    """``Swinv2Model``'s state dict: the backbone's plus the final ``layernorm``."""
+    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    width = hf.num_features[-1]
+    sd['layernorm.weight'], sd['layernorm.bias'] = torch.ones(width), torch.zeros(width)
+    return sd
+
+
+def hf_classifier_layout(hf) -> dict:
+    """``Swinv2ForImageClassification``'s: the model under ``swinv2.`` plus a classifier."""
+    sd = {'swinv2.' + k: v for k, v in hf_model_layout(hf).items()}
+    width = hf.num_features[-1]
+    sd['classifier.weight'], sd['classifier.bias'] = torch.zeros(10, width), torch.zeros(10)
+    return sd
+
+
+LAYOUTS = {'microsoft': hf_to_microsoft_layout, 'timm': hf_to_timm_layout,
+           'mmpretrain': hf_to_mmpretrain_layout, 'hf-model': hf_model_layout,
+           'hf-classifier': hf_classifier_layout}
+
+
+def save_hf_snapshot(hf, path) -> str:
+    """What the hub ships: config.json + model.safetensors."""
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    hf.config.save_pretrained(path)
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()},
+              os.path.join(path, 'model.safetensors'))
+    return str(path)
+
+
+def load(model, path):
+    with pytest.warns(UserWarning):  # the final norm/head or the output norms are reported
+        return load_pretrained(model, str(path))
+
+
+# ----------------------------------------------------------------------------- parity
+@pytest.mark.parametrize('layout', sorted(LAYOUTS))
+def test_every_layout_reproduces_hf(hf_narrow, layout, tmp_path):
+    path = tmp_path / f'{layout}.pth'
+    torch.save(LAYOUTS[layout](hf_narrow), path)
+    model = SwinTransformerV2(**NARROW, window_size=4)
+    load(model, path)
+    assert_matches_hf(model, hf_narrow)
+
+
+def test_hf_snapshot_directory_and_safetensors_reproduce_hf(hf_narrow, tmp_path):
+    snapshot = save_hf_snapshot(hf_narrow, tmp_path / 'snapshot')
+    model = SwinTransformerV2(**NARROW, window_size=4, init_cfg=dict(type='Pretrained',
+                                                                       checkpoint=snapshot))
+    with pytest.warns(UserWarning, match='norm0'):  # HF's backbone has no output norms
+        model.init_weights()
+    assert_matches_hf(model, hf_narrow)
+    # timm ships safetensors too
+    from safetensors.torch import save_file
+    timm_file = str(tmp_path / 'timm.safetensors')
+    save_file({k: v.contiguous() for k, v in hf_to_timm_layout(hf_narrow).items()}, timm_file)
+    model = SwinTransformerV2(**NARROW, window_size=4)
+    load(model, timm_file)
+    assert_matches_hf(model, hf_narrow, sizes=SIZES[:1])
+
+
+def test_window_transfer_matches_hf_with_the_same_config_change(hf_narrow, tmp_path):
+    """A window-4 checkpoint run at window 8 with pretrained_window_sizes=4, against HF's model
+    with the same weights and the same config change (no table is resampled: the MLP's input
+    coordinates keep their scale)."""
+    hf8 = Swinv2Backbone(hf_config(window=8, pretrained=(4, 4, 4, 4))).eval()
+    missing, unexpected = hf8.load_state_dict(hf_narrow.state_dict(), strict=False)
+    assert not missing and not unexpected
+    path = tmp_path / 'window4_microsoft.pth'
+    torch.save(hf_to_microsoft_layout(hf_narrow), path)  # its coordinate tables: window 4
+    model = SwinTransformerV2(**NARROW, window_size=8, pretrained_window_sizes=4)
+    load(model, path)
+    assert_matches_hf(model, hf8, sizes=[(64, 96), (45, 77), (70, 41)])
+    # and the transfer is not a no-op: window 8 differs from window 4
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        assert max_rel_err(hf8(x).feature_maps[0], hf_narrow(x).feature_maps[0]) > 1e-2
+
+
+@pytest.mark.slow
+def test_swinv2_tiny_sized_model_reproduces_hf(tmp_path):
+    """A SwinV2-T-sized HF model (random weights, window 8) through the HF layout."""
+    torch.manual_seed(0)
+    hf = perturbed(Swinv2Backbone(hf_config(96, (2, 2, 6, 2), (3, 6, 12, 24), window=8)))
+    path = tmp_path / 'swinv2_t.pth'
+    torch.save(hf.state_dict(), path)
+    model = SwinTransformerV2(arch='tiny', window_size=8, drop_path_rate=0.)
+    load(model, path)
+    assert_matches_hf(model, hf, sizes=[(96, 160), (77, 45)])
+
+
+# ------------------------------------------------------------------------------ errors
+def test_coordinate_tables_of_another_window_are_refused(hf_narrow, tmp_path):
+    path = tmp_path / 'window4.pth'
+    torch.save(hf_to_microsoft_layout(hf_narrow), path)
+    model = SwinTransformerV2(**NARROW, window_size=8)  # would normalise to 8, file: to 4
+    with pytest.raises(CheckpointError, match=r'pretrained_window_sizes\[0\]=4'):
+        load_pretrained(model, str(path))
+
+
+def test_config_json_of_another_pretrained_window_is_refused(hf_narrow, tmp_path):
+    snapshot = save_hf_snapshot(hf_narrow, tmp_path / 'snapshot')
+    model = SwinTransformerV2(**NARROW, window_size=8)
+    with pytest.raises(CheckpointError, match='pretrained_window_sizes'):
+        load_pretrained(model, snapshot)
+
+
+@pytest.mark.parametrize('change, field', [
+    (dict(depths=(2, 2, 4, 2)), 'depths'),
+    (dict(num_heads=(1, 2, 2, 8)), 'num_heads'),
+    (dict(embed_dims=32, num_heads=(1, 2, 4, 8)), 'embed_dims'),
+])
+def test_architecture_mismatch_is_a_named_error(hf_narrow, tmp_path, change, field):
+    path = tmp_path / 'timm.pth'
+    torch.save(hf_to_timm_layout(hf_narrow), path)
+    model = SwinTransformerV2(**dict(NARROW, **change), window_size=4)
+    with pytest.raises(CheckpointError, match=field):
+        load_pretrained(model, str(path))
+
+
+def test_swin_v1_file_and_key_bias_are_refused(hf_narrow, tmp_path):
+    from mmvitswin.core.backbones.swin import SwinTransformer
+    v1 = tmp_path / 'v1.pth'
+    torch.save(SwinTransformer(**NARROW, window_size=4).state_dict(), v1)
+    with pytest.raises(CheckpointError, match='Swin V1'):
+        load_pretrained(SwinTransformerV2(**NARROW, window_size=4), str(v1))
+    sd = dict(hf_narrow.state_dict())
+    key = next(k for k in sd if k.endswith('key.weight'))
+    sd[key.replace('weight', 'bias')] = torch.ones(sd[key].shape[0])
+    path = tmp_path / 'kbias.pth'
+    torch.save(sd, path)
+    with pytest.raises(CheckpointError, match='key bias'):
+        load_pretrained(SwinTransformerV2(**NARROW, window_size=4), str(path))
+
+
+def test_derived_buffers_are_rebuilt_not_loaded(hf_narrow, tmp_path):
+    sd = hf_to_microsoft_layout(hf_narrow)
+    for k in sd:
+        if k.endswith('relative_position_index'):
+            sd[k] = torch.zeros_like(sd[k])
+    path = tmp_path / 'garbage_index.pth'
+    torch.save(sd, path)
+    model = SwinTransformerV2(**NARROW, window_size=4)
+    load(model, path)
+    assert all(not k.endswith(('relative_position_index', 'relative_coords_table'))
+               for k in model.state_dict())
+    assert_matches_hf(model, hf_narrow, sizes=SIZES[:1])
+
+
+def test_own_state_dict_round_trips_strictly():
+    a = perturbed(SwinTransformerV2(**NARROW, window_size=4))
+    b = SwinTransformerV2(**NARROW, window_size=4)
+    b.load_state_dict(b.convert_checkpoint(a.state_dict()), strict=True)
+    x = torch.randn(1, 3, 45, 77)
+    with torch.no_grad():
+        assert all(torch.equal(p, q) for p, q in zip(a(x), b.eval()(x)))
+
+
+# ------------------------------------------------------------------------- the layers
+def test_log_spaced_coordinates_and_their_inverse():
+    coords = log_spaced_relative_coords((4, 4))
+    assert coords.shape == (49, 2)
+    # offset (1, 0) of a window-4 table normalised to window 4: log2(1 + 8/3) / 3
+    assert torch.isclose(coords[4 * 7 + 3, 0], torch.tensor(math.log2(1 + 8 / 3) / 3))
+    # the largest offset (p - 1) maps to 8 before the log
+    assert torch.isclose(coords.abs().max(), torch.tensor(math.log2(9) / 3))
+    assert pretrained_window_of(log_spaced_relative_coords((8, 8), (4, 4)).view(15, 15, 2)) \
+        == (4, 4)
+    assert pretrained_window_of(log_spaced_relative_coords((6, 6)).view(1, 11, 11, 2)) == (6, 6)
+
+
+def test_logit_scale_is_clamped_at_log_100():
+    torch.manual_seed(0)
+    attn = CosineWindowAttention(16, 2, (4, 4)).eval()
+    x = torch.randn(3, 16, 16)
+    with torch.no_grad():
+        attn.logit_scale.fill_(math.log(100.))
+        at_cap = attn(x)
+        attn.logit_scale.fill_(9.)  # exp(9) = 8103 without the clamp
+        above = attn(x)
+        attn.logit_scale.fill_(math.log(50.))
+        below = attn(x)
+    assert torch.equal(at_cap, above)
+    assert not torch.allclose(at_cap, below)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_autocast_is_finite_and_close_to_fp32(hf_narrow, dtype, tmp_path):
+    """Zero-padded tokens (k = 0 at every padded position of 45x77) would give 0/0 in a fp16
+    normalisation; ours normalises in fp32."""
+    path = tmp_path / 'hf.pth'
+    torch.save(hf_narrow.state_dict(), path)
+    model = SwinTransformerV2(**NARROW, window_size=4)
+    load(model, path)
+    model.eval()
+    x = torch.randn(2, 3, 45, 77)
+    with torch.no_grad():
+        ref = model(x)
+        with torch.autocast('cpu', dtype=dtype):
+            low = model(x)
+    for a, b in zip(low, ref):
+        assert torch.isfinite(a).all()
+        assert max_rel_err(a.float(), b) < 5e-2
+    model.train()
+    with torch.autocast('cpu', dtype=dtype):
+        loss = sum(o.float().square().mean() for o in model(x))
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_gradients_reach_every_parameter_and_with_cp_agrees():
+    grads = []
+    for with_cp in (False, True):
+        torch.manual_seed(0)
+        model = SwinTransformerV2(**NARROW, window_size=4, drop_path_rate=0., with_cp=with_cp)
+        x = torch.randn(2, 3, 37, 53)
+        sum(o.square().mean() for o in model(x)).backward()
+        missing = [n for n, p in model.named_parameters() if p.grad is None
+                   or not p.grad.abs().sum() > 0]
+        assert not missing, missing
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], rtol=1e-4, atol=1e-6), name
+
+
+# ----------------------------------------------------------------- backbone contract
+def test_pyramid_contract_presets_and_freezing():
+    model = SwinTransformerV2(**NARROW, window_size=4, out_indices=(1, 3), frozen_stages=2)
+    outs = model.train()(torch.randn(1, 3, 61, 83))
+    assert [tuple(o.shape) for o in outs] == [(1, 32, 8, 11), (1, 128, 2, 3)]
+    assert all(o.is_contiguous() for o in outs)
+    assert model.out_strides == (8, 32) and model.out_channels == (32, 128)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert any(n.startswith('stages.1.') for n in frozen)
+    assert not any(n.startswith('stages.2.') for n in frozen)
+    assert not model.stages[0].training and model.stages[2].training
+    assert model.get_layer_depth('patch_embed.projection.weight') == 0
+    assert model.get_layer_depth('stages.1.blocks.0.attn.w_msa.logit_scale') == 3
+    assert model.get_layer_depth('stages.1.downsample.reduction.weight') == 4
+    assert model.get_layer_depth('norm3.weight') == 9
+    tiny = SwinTransformerV2(arch='t')
+    assert tiny.window_sizes == ((8, 8), ) * 4 and tiny.num_features == [96, 192, 384, 768]
+    assert SwinTransformerV2(arch='large').window_sizes[0] == (12, 12)
+    per_stage = SwinTransformerV2(**NARROW, window_size=(8, 8, 8, 4),
+                                  pretrained_window_sizes=(4, 4, 4, 2))
+    assert per_stage.stages[3].blocks[0].attn.w_msa.relative_coords_table.shape == (49, 2)
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(window_size=(4, 4)), 'window_size'),
+    (dict(pretrained_window_sizes=-1), 'pretrained_window_sizes'),
+    (dict(num_heads=(1, 2, 4)), 'num_heads'),
+    (dict(arch='huge'), 'arch'),
+])
+def test_bad_arguments_name_themselves(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        SwinTransformerV2(**dict(NARROW, window_size=4, **kwargs))
