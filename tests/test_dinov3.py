@@ -320,6 +320,20 @@ def test_zero_biases_load_into_a_model_without_bias(tmp_path):
     assert max_rel_err(got, hf_patch_tokens(oracle, x)) < 1e-5
 
 
+def test_hf_model_without_biases_loads_with_zero_biases(tmp_path):
+    """query/value/proj/mlp_bias=False in config.json: no bias tensors in the file; a zero bias
+    is the same as none, so the default model (with biases) reproduces it."""
+    oracle = hf_model(query_bias=False, value_bias=False, proj_bias=False, mlp_bias=False)
+    oracle.config.save_pretrained(str(tmp_path))
+    safetensors_torch.save_file(hf_state(oracle), str(tmp_path / 'model.safetensors'))
+    assert not any(k.endswith('proj.bias') for k in hf_state(oracle))
+    model = load(str(tmp_path))
+    x = torch.randn(1, 3, 48, 80)
+    with torch.no_grad():
+        (got, ) = model(x)
+    assert max_rel_err(got, hf_patch_tokens(oracle, x)) < 1e-5
+
+
 # ----------------------------------------------------------------------- presets, args
 @pytest.mark.parametrize('arch, dims, depth, heads, ffn, hidden', [
     ('dinov3-s', 384, 12, 6, 'mlp', 1536),

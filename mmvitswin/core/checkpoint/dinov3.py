@@ -308,12 +308,13 @@ def dinov3_model_arch(model) -> Dict[str, object]:
 
 def fit_dinov3_state_dict(sd: StateDict, model) -> StateDict:
     """The ViT family's fitting (patch kernel resampled to the model's patch size) after
-    dropping the derived RoPE periods and filling a bias the file lacks with zeros."""
+    dropping the derived RoPE periods and filling any bias the file lacks (beside its weight)
+    with zeros."""
     sd = OrderedDict((k, v) for k, v in sd.items() if k != _PERIODS)
     own = model.state_dict()
     for key, value in own.items():
-        if key.endswith('attn.qkv.bias') and key not in sd and \
-                key.replace('.bias', '.weight') in sd:
+        # HF's query/value/proj/mlp_bias=False, the all-zero q/v biases dropped on conversion
+        if key.endswith('.bias') and key not in sd and key[:-len('bias')] + 'weight' in sd:
             sd[key] = torch.zeros_like(value)  # a zero bias is no bias
     return fit_vit_embeddings(sd, model)
 
