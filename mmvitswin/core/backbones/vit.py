@@ -683,6 +683,16 @@ class ViTAdapter(VisionTransformerTrunk):
     back to ``ceil(H / s)``. ``frozen_stages``: -1 none, 0 the embedding (patch embed, CLS,
     pos-embed, pre-norm), ``k`` also blocks ``0..k-1``, ``num_layers`` also the final norm
     (frozen parts: no grad and eval mode; the adapter is never frozen).
+
+    ``neck='sam'`` (without an adapter): SAM's conv neck
+    (:class:`~mmvitswin.core.layers.SamNeck`, ``neck_cfg``: ``out_channels``, default 256) on
+    the last block, as SAM's image encoder returns it: one ``(B, out_channels, ceil(H/p),
+    ceil(W/p))`` map (keys ``neck.0..3``).
+    SAM and DINOv3 presets (``arch='sam-b'``, ``'dinov3-b'``, ...; docs/foundation_vits.md)
+    also set trunk defaults beyond the widths (:func:`preset_defaults`): SAM's window layout
+    and no CLS token; DINOv3's ``rope_theta`` (2-D RoPE on q/k of the patch tokens,
+    ``layers/rope.py``; global blocks only) and ``abs_pos_embed=False`` (no absolute position
+    embedding). An explicit argument wins over a preset value.
     """
 
     def __init__(self, arch='base', adapter: Optional[str] = None,
