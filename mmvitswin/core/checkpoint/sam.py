@@ -17,9 +17,10 @@ with decomposed relative positions, and a conv neck to 256 channels
 
 Conversion: keys are renamed to our trunk's (``blocks.N.{norm1,attn.qkv,attn.proj,
 attn.rel_pos_h,attn.rel_pos_w,norm2,ffn.layers.*}``, ``neck.0..3``), the ``(1, H, W, C)`` grid
-flattened to a prefix-free ``(1, H*W, C)`` embedding; fitting is the ViT family's (position grid resized bicubically
-without antialias, as ViTDet's ``get_abs_pos`` does; decomposed tables resized linearly, as
-SAM's own ``get_rel_pos`` does). The neck is a head on the trunk: a model built without
+flattened to a prefix-free ``(1, H*W, C)`` embedding. Fitting: the position grid resized
+bicubically without antialias, as ViTDet's ``get_abs_pos`` does (:func:`fit_sam_pos_embed`);
+decomposed tables resized linearly, as SAM's own ``get_rel_pos`` does; the patch kernel as the
+ViT family does. The neck is a head on the trunk: a model built without
 ``neck='sam'`` does not take it (its keys are dropped, like the prompt encoder's).
 
 Architecture check (a mismatch is a named error, never wrong features): width, depth, heads
@@ -31,7 +32,6 @@ import re
 from collections import OrderedDict
 from typing import Dict, Optional, Tuple
 
-import torch
 
 from .loading import CheckpointFamily, StateDict
 from .vit import _fit_pos_embed, _prefix_tokens, _resize_rel_pos, fit_vit_embeddings
