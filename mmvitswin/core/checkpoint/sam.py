@@ -32,7 +32,6 @@ import re
 from collections import OrderedDict
 from typing import Dict, Optional, Tuple
 
-
 from .loading import CheckpointFamily, StateDict
 from .vit import _fit_pos_embed, _prefix_tokens, _resize_rel_pos, fit_vit_embeddings
 
