@@ -5,6 +5,7 @@ Nothing here asserts anything about speed or memory figures: times are only chec
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,11 @@ CASES = [
     dict(model='no_such_backbone', kind='forward', scale=0.1, count=1, batch=1, rows=[
         ['broken case', 'ours fp32', None, 'time']]),
 ]
+
+
+def timm_available() -> bool:
+    """Whether the tool can import timm (itself, or with its torchvision stub)."""
+    return _load_tool().import_timm()[0] is not None
 
 
 def _load_tool():
@@ -70,8 +76,10 @@ def test_every_case_kind_reports_its_rows(run):
         sizes = [tuple(s) for s in case['sizes']]
         assert len(set(sizes)) == len(sizes) == case['case']['count'] + 1
         assert all(h % 32 == 0 and w % 32 == 0 for h, w in sizes)
-    # forward: both passes timed for every variant, call by call on the same sizes
-    assert set(fwd['variants']) == {'ours fp32', 'ref fp32', 'ours bf16'}
+    # forward: both passes timed for every variant, call by call on the same sizes; the Swin
+    # rows against the reference bring timm's and HF's Swin in the baseline's precision
+    peers = {'hf fp32'} | ({'timm fp32'} if timm_available() else set())
+    assert set(fwd['variants']) == {'ours fp32', 'ref fp32', 'ours bf16'} | peers
     for v in fwd['variants'].values():
         assert len(v['first']) == len(v['again']) == 2 and min(v['first'] + v['again']) > 0
     row = fwd['rows'][1]
@@ -98,13 +106,29 @@ def test_markdown_tables(run):
     out, report, proc = run
     text = (out / 'benchmark.md').read_text()
     assert text in proc.stdout  # the same tables are printed
-    for heading in ('## Time', '## Peak memory', '## Resident memory growth'):
+    for heading in ('## Time', '## Peak memory', '## Resident memory growth', '## Peers',
+                    '## GEMM roofline'):
         assert heading in text
-    lines = {line.split('|')[1].strip(): line for line in text.splitlines()
-             if line.startswith('| ')}
-    assert 'tiny forward bf16 vs mmdet fp32' in lines  # 'ref' spelled as the package
-    hybrid = [c.strip() for c in lines['hybrid forward fp32'].split('|')[1:-1]]
-    assert hybrid[2] == '-' and hybrid[5] == '-'  # no baseline, no ratio
+    # the timm column says how timm was imported, or why it is not there
+    assert re.search(r'^- timm (1\.\S+ imported with a torchvision stub|1\.\S+:|not benchmarked)',
+                     text, re.MULTILINE), text
+    sections = {s.split('\n', 1)[0]: s for s in text.split('\n## ')}
+
+    def cells(section: str) -> dict:
+        return {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
+                for line in sections[section].splitlines() if line.startswith('| ')}
+    time = cells('Time (new sizes, then the same sizes again)')
+    assert 'tiny forward bf16 vs mmdet fp32' in time  # 'ref' spelled as the package
+    hybrid = time['hybrid forward fp32']
+    assert hybrid[1] == '-' and hybrid[4] == '-'  # no baseline, no ratio
+    peers = cells("Peers (same weights, interleaved; peers in the baseline's precision)")
+    assert set(peers) == {'row', 'tiny forward fp32', 'tiny forward bf16 vs mmdet fp32',
+                          'tiny train bf16 AMP vs mmdet bf16'}
+    assert peers['tiny forward fp32'][5] == '%.2f' % report['cases'][0]['rows'][0][
+        'fastest_first_speedup']
+    roof = cells('GEMM roofline')
+    assert roof['hybrid forward fp32'][0] != '-' and roof['tiny forward fp32'][3] == '%.0f' % (
+        100 * report['cases'][0]['rows'][0]['first_roof_ratio'])
     assert 'error in case no_such_backbone' in text
 
 
@@ -289,3 +313,197 @@ def test_backbone_option_replaces_swin_t(tool):
     assert 'swin_t' not in models and 'custom' in models and 'maskrcnn' in models
     with pytest.raises(SystemExit):
         tool.parse_args(['--count', '0'])
+
+
+# ------------------------------------------------------------------ peers, roofline, profile
+def test_peer_and_roofline_columns(run):
+    """Each Swin time row carries the peers' times and the fastest-of ratio; each time row of a
+    backbone case carries its FLOPs, the GEMM limit and the fraction of it reached."""
+    _, report, _ = run
+    fwd, train, hybrid = report['cases'][0], report['cases'][1], report['cases'][4]
+    row = fwd['rows'][0]  # ours fp32 against mmdet fp32
+    assert row['peers'] == ['timm fp32', 'hf fp32']
+    v = fwd['variants']
+    hf = sum(v['hf fp32']['first']) / len(v['hf fp32']['first'])
+    assert row['hf_first_ms'] == pytest.approx(1e3 * hf)
+    assert row['hf_first_speedup'] == pytest.approx(
+        sum(v['hf fp32']['first']) / sum(v['ours fp32']['first']))
+    others = ['ref fp32', 'hf fp32'] + (['timm fp32'] if timm_available() else [])
+    best = min(sum(v[n]['first']) / len(v[n]['first']) for n in others)
+    assert row['fastest_first_speedup'] == pytest.approx(
+        best * len(v['ours fp32']['first']) / sum(v['ours fp32']['first']))
+    assert ('timm_first_ms' in row) == timm_available() != ('timm_error' in row)
+    assert train['rows'][0]['peers'] == ['timm bf16', 'hf bf16']  # the baseline's precision
+    assert 'peers' not in train['rows'][1]  # a peak row
+    # roofline: FLOPs at every size of the pass, the GEMM rate per precision the rows use
+    roof = fwd['roofline']
+    assert len(roof['flops']) == 2 and min(roof['flops']) > 0
+    assert set(roof['gemm_gflops']) == {'fp32', 'bf16'} and min(roof['gemm_gflops'].values()) > 0
+    achieved = sum(roof['flops']) / sum(v['ours fp32']['first']) / 1e9
+    assert row['first_gflops'] == pytest.approx(achieved)
+    assert row['first_roof_ratio'] == pytest.approx(achieved / roof['gemm_gflops']['fp32'])
+    bf16 = fwd['rows'][1]
+    assert bf16['roof_gflops'] == roof['gemm_gflops']['bf16']
+    assert bf16['baseline_first_roof_ratio'] == pytest.approx(
+        sum(roof['flops']) / sum(v['ref fp32']['first']) / 1e9 / roof['gemm_gflops']['fp32'])
+    assert train['rows'][0]['gflop_per_call'] > 0 and train['rows'][0]['first_roof_ratio'] > 0
+    # a backbone without peers still has its roofline
+    h = hybrid['rows'][0]
+    assert 'peers' not in h and h['gflop_per_call'] > 0 and h['first_roof_ratio'] > 0
+
+
+def _tiny_swin(depths=(2, 2, 2, 2)):
+    import mmvitswin  # noqa: F401
+    from mmvitswin.openmmlab.registry import MODELS
+    cfg = dict(type='SwinTransformer', embed_dims=32, depths=list(depths), num_heads=[1, 2, 4, 8],
+               drop_path_rate=0.0)
+    torch.manual_seed(0)
+    model = MODELS.build(cfg).eval()
+    with torch.no_grad():  # off their init (norms at 1, biases at 0): every tensor is checked
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return cfg, model
+
+
+def test_peers_compute_our_features_from_our_weights(tool):
+    """Our weights moved into HF's SwinBackbone and timm's Swin give our features: at 448 px
+    (every stage a multiple of the window and larger than it, so neither peer pads or drops a
+    shift) HF's maps equal ours, and timm's (NHWC, before the level norms) equal ours once our
+    norm{i} is applied."""
+    cfg, model = _tiny_swin()
+    state = model.state_dict()
+    x = torch.randn(1, 3, 448, 448)
+    with torch.no_grad():
+        ours = model(x)
+        hf = tool.hf_swin(cfg, state).eval()(x)
+        assert len(hf) == len(ours) == 4
+        for a, b in zip(ours, hf):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+        if not timm_available():
+            pytest.skip(tool.import_timm()[1])
+        feats = tool.timm_swin(cfg, state, img_size=448).eval()(x)
+        for i, (a, b) in enumerate(zip(ours, feats)):
+            assert b.shape == a.permute(0, 2, 3, 1).shape
+            torch.testing.assert_close(getattr(model, f'norm{i}')(b).permute(0, 3, 1, 2), a,
+                                       atol=1e-4, rtol=1e-4)
+    # gradients reach every peer parameter that ours has
+    peer = tool.hf_swin(cfg, state)
+    sum(f.square().mean() for f in peer(torch.randn(1, 3, 64, 96))).backward()
+    assert all(p.grad is not None for n, p in peer.named_parameters() if 'layernorm.' not in n)
+
+
+def test_peer_weight_transfer_refuses_what_it_cannot_place(tool):
+    cfg, model = _tiny_swin(depths=(1, 1, 1, 1))
+    state = dict(model.state_dict())
+    state['stages.0.blocks.0.extra.weight'] = torch.ones(3)
+    with pytest.raises(ValueError, match='without a place in the peer.*extra'):
+        tool.hf_swin(cfg, state)
+    with pytest.raises(ValueError, match='use_abs_pos_embed'):
+        tool.swin_kwargs(dict(cfg, use_abs_pos_embed=True), model.state_dict())
+    with pytest.raises(ValueError, match='peer parameters left unset'):  # a probe ours lacks
+        tool.load_from_ours(torch.nn.Linear(2, 2), {}, lambda sd: {})
+
+
+def test_timm_stub_stays_in_the_import(tool):
+    """The torchvision stub (where timm needs it) is gone from the process after timm's
+    import: no import hook left, no stub module for anything else to find."""
+    timm, note = tool.import_timm()
+    assert not any(isinstance(f, tool._TorchvisionStub) for f in sys.meta_path)
+    if 'torchvision stub' in note:
+        assert timm is not None and not any(
+            n.split('.')[0] == 'torchvision' for n in sys.modules)
+        with pytest.raises(ImportError):
+            import torchvision  # noqa: F401
+    assert note.startswith(('timm 1.', 'timm not benchmarked'))
+
+
+def _swin_matmul_flops(model, h: int, w: int, c0: int = 32) -> int:
+    """The matrix products of our Swin at a size where no stage pads (every side a multiple of
+    the window), from the shapes: patch conv, qkv, q@k^T, attn@v, proj, fc1, fc2, merges."""
+    win = 7
+    total, c, hs, ws = 2 * (h // 4) * (w // 4) * 3 * 16 * c0, c0, h // 4, w // 4
+    for s, stage in enumerate(model.stages):
+        n = hs * ws
+        total += len(stage.blocks) * (2 * n * c * 3 * c + 2 * 2 * n * win * win * c +
+                                      2 * n * c * c + 2 * 2 * n * c * 4 * c)
+        if stage.downsample is not None:
+            hs, ws = hs // 2, ws // 2
+            total += 2 * hs * ws * 4 * c * 2 * c
+            c *= 2
+    return total
+
+
+def test_flop_count_matches_the_shapes(tool):
+    """FlopCounterMode (with the CPU fused attention formula the tool adds) counts what the
+    shapes say; a train step counts forward and backward (about three forwards)."""
+    _, model = _tiny_swin()
+    x = torch.randn(1, 3, 224, 224)
+    assert tool.count_flops(model, x, train=False) == _swin_matmul_flops(model, 224, 224)
+    model.train()
+    train = tool.count_flops(model, x, train=True)
+    assert 2.5 < train / _swin_matmul_flops(model, 224, 224) < 3.05
+    assert all(p.grad is None for p in model.parameters())  # left as it was
+
+
+def test_gemm_shapes_are_the_models_own(tool):
+    """The recorder sees every GEMM a call runs, forward and backward, as (M, K, N, a^T, b^T),
+    convolutions included; the rate is measured over them."""
+    _, model = _tiny_swin()
+    shapes = tool._gemm_shapes_mode()
+    tool.count_flops(model, torch.randn(1, 3, 224, 224), train=False, shapes=shapes)
+    counts = {k[:3]: c for k, c in shapes.counts.items()}
+    assert counts[(56 * 56, 48, 32)] == 1  # patch embedding (4x4 conv as a GEMM)
+    assert counts[(56 * 56, 32, 96)] == 2  # stage 1 qkv, two blocks
+    assert counts[(14 * 14, 128, 512)] == 2  # stage 3 fc1
+    linear = torch.nn.Linear(8, 16)
+    shapes = tool._gemm_shapes_mode()
+    with shapes:
+        linear(torch.randn(32, 8, requires_grad=True)).backward(torch.randn(32, 16))
+    assert {(32, 8, 16), (32, 16, 8), (16, 32, 8)} <= {k[:3] for k in shapes.counts}
+    assert any(k[:3] == (16, 32, 8) and k[3] for k in shapes.counts)  # dW = dY^T @ X
+    rate = tool.gemm_rate({(64, 32, 48, False, True): 3}, torch.float32, torch.device('cpu'))
+    assert rate > 0
+
+
+def test_op_groups(tool):
+    expected = {
+        'aten::mm': 'GEMM', 'aten::addmm': 'GEMM', 'aten::bmm': 'GEMM',
+        'aten::convolution_backward': 'GEMM', 'aten::mkldnn_convolution': 'GEMM',
+        'aten::_scaled_dot_product_flash_attention_for_cpu': 'attention (SDPA)',
+        'aten::_scaled_dot_product_flash_attention_for_cpu_backward': 'attention (SDPA)',
+        'aten::_softmax': 'softmax', 'aten::_softmax_backward_data': 'softmax',
+        'aten::copy_': 'layout copies', 'aten::roll': 'layout copies',
+        'aten::index_select': 'layout copies', 'aten::constant_pad_nd': 'layout copies',
+        'aten::cat': 'layout copies', 'aten::permute': 'layout copies',
+        'aten::index': 'gather/scatter', 'aten::index_put_': 'gather/scatter',
+        'aten::native_layer_norm': 'norms', 'aten::native_layer_norm_backward': 'norms',
+        'aten::gelu': 'GELU', 'aten::gelu_backward': 'GELU', 'aten::_fused_adamw_': 'optimizer',
+        'aten::add': 'other', 'aten::masked_fill': 'other', 'aten::empty': 'other'}
+    assert {name: tool.op_group(name) for name in expected} == expected
+
+
+def test_profile_mode(tmp_path):
+    """--profile: every workload (forward, train step; fp32, bf16) profiled, its ops grouped,
+    the groups summing to the ops' time, the table printed and written."""
+    proc = subprocess.run([sys.executable, TOOL, '--profile', '--profile-model', 'swin_tiny_test',
+                           '--profile-scale', '0.1', '--count', '1', '--threads', '1',
+                           '--out-dir', str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / 'profile.json').read_text())
+    work = report['workloads']
+    assert [(w['kind'], w['dtype']) for w in work] == [
+        ('forward', 'fp32'), ('forward', 'bf16'), ('train', 'fp32'), ('train', 'bf16')]
+    for w in work:
+        assert list(w['groups']) == report_groups() and w['groups']['GEMM'] > 0
+        assert w['groups']['layout copies'] > 0 and w['wall_ms'] > 0
+        assert sum(ms for _, _, ms in w['top_ops']) <= sum(w['groups'].values()) + 1e-6
+    assert all(w['groups']['optimizer'] > 0 for w in work if w['kind'] == 'train')
+    assert all(w['groups']['optimizer'] == 0 for w in work if w['kind'] == 'forward')
+    text = (tmp_path / 'profile.md').read_text()
+    assert text in proc.stdout and '| layout copies' in text and 'ours train step bf16' in text
+
+
+def report_groups():
+    return ['attention (SDPA)', 'softmax', 'GEMM', 'norms', 'GELU', 'layout copies',
+            'gather/scatter', 'optimizer', 'other']

@@ -1388,7 +1388,7 @@ def render_peers(rows: List[dict], cases: List[dict]) -> List[str]:
         return []
     table = []
     for r in rows:
-        cells = [r['label'], r['subject']]
+        cells = _names(r)[:2]
         for phase in ('first', 'again'):
             cells += [_f(r.get(f'{phase}_ms')), _f(r.get(f'{phase}_ms_baseline'))]
             cells += [_f(r.get(f'{impl}_{phase}_ms')) if f'{impl}_error' not in r else 'n/a'
@@ -1415,7 +1415,7 @@ def render_roofline(rows: List[dict], cases: List[dict]) -> List[str]:
     rows = [r for r in rows if r.get('gflop_per_call')]
     if not rows:
         return []
-    table = [[r['label'], _f(r['gflop_per_call']), _f(r.get('roof_gflops'), 0),
+    table = [[_names(r)[0], _f(r['gflop_per_call']), _f(r.get('roof_gflops'), 0),
               _f(r.get('first_gflops'), 0)] + [
         _f(100 * r[k], 0) if r.get(k) else '-' for k in
         ('first_roof_ratio', 'baseline_first_roof_ratio', 'timm_first_roof_ratio',
