@@ -166,6 +166,7 @@ def _check_row_consistency(row, outcomes) -> None:
 
 # ------------------------------------------------------------------ 2-D Swin (mmdet/mmseg)
 SMALL_2D = dict(embed_dims=32, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
+SAME_PATCH = 'the same square patch spelt as an int and as a pair (the references compare with ==)'
 UNUSED = 'the reference accepts it only because it never reads it'
 TRUTHY = 'a switch must be True or False (the references take any truthy value: None, 0, "no")'
 
@@ -200,13 +201,38 @@ ROWS_2D = [
     # patch_size / strides
     Row(dict(patch_size=2, strides=(2, 2, 2, 2)), 'ok'),
     Row(dict(patch_size=4, strides=(2, 2, 2, 2)), 'AssertionError', 'strides'),
-    Row(dict(patch_size=(4, 4)), 'AssertionError', 'patch_size'),
+    # patch_size / strides[0]: an int or 2 ints (rows, columns), equal (non-overlapping)
+    Row(dict(patch_size=(4, 4), strides=((4, 4), 2, 2, 2)), 'ok'),
+    Row(dict(patch_size=[4, 4], strides=([4, 4], 2, 2, 2)), 'ok'),
+    Row(dict(patch_size=(4, 2), strides=((4, 2), 2, 2, 2)), 'ok'),  # a non-square patch
+    Row(dict(patch_size=(2, 4), strides=((2, 4), 2, 2, 2), window_size=3), 'ok', hw=(17, 30)),
+    Row(dict(patch_size=(4, 4)), 'AssertionError', why=SAME_PATCH),
+    Row(dict(patch_size=4, strides=((4, 4), 2, 2, 2)), 'AssertionError', why=SAME_PATCH),
+    Row(dict(patch_size=(4, 4), strides=[[4, 4], 2, 2, 2]), 'AssertionError', why=SAME_PATCH),
+    Row(dict(patch_size=(4, 2), strides=((4, 2), 2, 2, 2), use_abs_pos_embed=True,
+             pretrain_img_size=(36, 52)), 'TypeError',
+        why='ours divides the pretraining size by the patch per axis (the references divide '
+        'by the tuple)'),
+    Row(dict(patch_size=(4, 4, 4), strides=((4, 4, 4), 2, 2, 2)), 'later', 'patch_size'),
+    Row(dict(patch_size=(4, ), strides=((4, ), 2, 2, 2)), 'later', 'patch_size'),
+    Row(dict(patch_size=(4, 4.), strides=((4, 4.), 2, 2, 2)), 'TypeError', 'patch_size'),
     Row(dict(patch_size=0, strides=(0, 2, 2, 2)), 'later', 'patch_size'),
     Row(dict(strides=[4, 2, 2, 2]), 'ok'),
     Row(dict(strides=(4, 2, 2, 2, 2)), 'ok'),  # entries past the last stage are ignored
     Row(dict(strides=(4, 2, 2)), 'IndexError', 'strides'),
-    Row(dict(strides=(4, 1, 2, 2)), 'ok', 'strides',
-        'ours merges 2x2 patches with stride 2 only (the reference: a 2x2 kernel at stride 1)'),
+    # strides[i > 0]: the step of the 2x2 patch merging (an int or 2 ints), any >= 1:
+    # ceil(size / stride) per axis, corner zero padding
+    Row(dict(strides=(4, 1, 2, 2)), 'ok'),  # overlapping 2x2 windows: the size is kept
+    Row(dict(strides=(4, 3, 2, 2)), 'ok'),  # every third row/column pair
+    Row(dict(strides=(4, 4, 4, 4)), 'ok'),  # down to 1x1 (padded to the 2x2 kernel)
+    Row(dict(strides=(4, 1, 1, 1), window_size=3, depths=(1, 2, 1, 1)), 'ok', hw=(17, 23)),
+    Row(dict(strides=(4, (2, 1), 2, [1, 3])), 'ok'),
+    Row(dict(strides=(4, (2, 2), 2, 2)), 'ok'),
+    Row(dict(strides=(4, 0, 2, 2)), 'ok', 'strides',
+        '0 is not a stride (the references read a falsy stride as "unset": 2)'),
+    Row(dict(strides=(4, -1, 2, 2)), 'later', 'strides'),
+    Row(dict(strides=(4, 2., 2, 2)), 'later', 'strides'),
+    Row(dict(strides=(4, (2, 2, 2), 2, 2)), 'later', 'strides'),
     # window_size: one int (square windows)
     Row(dict(window_size=4), 'ok'),
     Row(dict(window_size=1, depths=(2, 2, 2, 2)), 'ok'),
@@ -275,11 +301,44 @@ ROWS_2D = [
     Row(dict(act_cfg=dict(type='SiLU')), 'ok'),
     Row(dict(act_cfg=None), 'TypeError', 'act_cfg'),
     Row(dict(act_cfg=dict(type='Nope')), 'KeyError', 'act_cfg'),
+    # mmcv's activation registry, with its keyword arguments
+    Row(dict(act_cfg=dict(type='ReLU', inplace=True)), 'ok'),
+    Row(dict(act_cfg=dict(type='LeakyReLU', negative_slope=0.2)), 'ok'),
+    Row(dict(act_cfg=dict(type='PReLU', init=0.1)), 'ok'),  # its weight: ffn.layers.0.1.weight
+    Row(dict(act_cfg=dict(type='RReLU', lower=0.1, upper=0.2)), 'ok'),
+    Row(dict(act_cfg=dict(type='ReLU6')), 'ok'),
+    Row(dict(act_cfg=dict(type='ELU', alpha=0.5)), 'ok'),
+    Row(dict(act_cfg=dict(type='Sigmoid')), 'ok'),
+    Row(dict(act_cfg=dict(type='Tanh')), 'ok'),
+    Row(dict(act_cfg=dict(type='HSwish')), 'ok'),
+    Row(dict(act_cfg=dict(type='HSigmoid', bias=1., divisor=2.)), 'ok'),
+    Row(dict(act_cfg=dict(type='Swish')), 'ok'),
+    Row(dict(act_cfg=dict(type='SiLU', inplace=True)), 'ok'),
+    Row(dict(act_cfg=dict(type='Clamp', min=-0.5, max=0.5)), 'ok'),
+    Row(dict(act_cfg=dict(type='Clip')), 'ok'),
+    Row(dict(act_cfg=dict(type=torch.nn.GELU)), 'ok'),  # a class as type
+    Row(dict(act_cfg=dict(type='Swish', inplace=True)), 'TypeError', 'act_cfg'),
+    Row(dict(act_cfg=dict(type='ReLU', slope=1)), 'TypeError', 'act_cfg'),
+    Row(dict(act_cfg=dict(type='HSigmoid', divisor=0)), 'AssertionError', 'act_cfg'),
+    Row(dict(act_cfg=dict(type='GELU', approximate='erf')), 'later', 'act_cfg'),
+    Row(dict(act_cfg=dict(type='PReLU', num_parameters=32)), 'later', 'act_cfg'),
+    Row(dict(act_cfg=dict()), 'KeyError', 'act_cfg'),
+    Row(dict(act_cfg=dict(type='Dropout')), 'ok', 'act_cfg',
+        "not an activation (the reference builds any no-argument module of mmcv's registry)"),
     Row(dict(norm_cfg=dict(type='LN', eps=0.1)), 'ok'),  # every norm, the patch embedding's too
     Row(dict(norm_cfg=dict(type='LN', requires_grad=False)), 'ok'),
     Row(dict(norm_cfg=None), 'TypeError', 'norm_cfg'),
     Row(dict(norm_cfg='LN'), 'TypeError', 'norm_cfg'),
     Row(dict(norm_cfg=dict(type='BN')), 'later', 'norm_cfg'),
+    Row(dict(norm_cfg=dict(type='GN', num_groups=1)), 'later', 'norm_cfg'),
+    # nn.LayerNorm's keywords, as mmcv's build_norm_layer passes them
+    Row(dict(norm_cfg=dict(type='LN', elementwise_affine=False)), 'ok'),
+    Row(dict(norm_cfg=dict(type='LN', bias=False, eps=1e-6)), 'ok'),
+    Row(dict(norm_cfg=dict(type=torch.nn.LayerNorm)), 'ok'),
+    Row(dict(norm_cfg=dict(type='LN', affine=False)), 'TypeError', 'norm_cfg'),
+    Row(dict(norm_cfg=dict(eps=1e-6)), 'KeyError', 'norm_cfg'),
+    Row(dict(norm_cfg=dict(type='LayerNorm')), 'KeyError',
+        why="an alias of ours ('LN' in mmcv's registry)"),
     # pretrained (deprecated) / init_cfg
     Row(dict(pretrained='weights.pth'), 'ok'),
     Row(dict(pretrained=123), 'TypeError', 'pretrained'),
@@ -403,8 +462,15 @@ ROWS_3D = [
     Row(dict(drop_path_rate=1.5), 'ok', 'drop_path_rate',
         'a drop-path rate outside [0, 1) gives NaN or negative keep rates in training'),
     Row(dict(act_cfg=dict(type='ReLU')), 'ok'),
+    Row(dict(act_cfg=dict(type='PReLU', init=0.1)), 'ok'),  # its weight: mlp.act.weight
+    Row(dict(act_cfg=dict(type='HSwish')), 'ok'),
+    Row(dict(act_cfg=dict(type='LeakyReLU', negative_slope=0.2, inplace=True)), 'ok'),
+    Row(dict(act_cfg=dict(type='Swish', inplace=True)), 'TypeError', 'act_cfg'),
+    Row(dict(act_cfg=dict(type='Nope')), 'KeyError', 'act_cfg'),
     Row(dict(act_cfg=None), 'TypeError', 'act_cfg'),
     Row(dict(norm_cfg=dict(type='LN', eps=0.1)), 'ok'),
+    Row(dict(norm_cfg=dict(type='LN', elementwise_affine=False)), 'ok'),
+    Row(dict(norm_cfg=dict(type='LN', foo=1)), 'TypeError', 'norm_cfg'),
     Row(dict(norm_cfg=dict(type='LN', requires_grad=False), patch_norm=False), 'ok'),
     Row(dict(norm_cfg=None, patch_norm=False), 'TypeError', 'norm_cfg'),
     Row(dict(norm_cfg=dict(type='BN')), 'later', 'norm_cfg'),

@@ -20,9 +20,11 @@ def init_linear_and_norm(modules: Iterable[nn.Module]) -> None:
             nn.init.trunc_normal_(m.weight, std=0.02)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):  # norm_cfg may drop its weight or bias
+            if m.weight is not None:
+                nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
 
 def pretrained_to_init_cfg(pretrained: Optional[str], init_cfg: Optional[dict]):

@@ -1,12 +1,14 @@
 """Swin Transformer backbone, state-dict compatible with mmdet 3.x and mmseg 1.x.
 
 Output-size rule: for an input ``(B, C, H, W)`` the patch embedding gives a grid of
-``ceil(H / patch_size) x ceil(W / patch_size)`` (zero padding at the bottom/right), and every
-patch merging halves it rounding up: stage ``i`` has ``ceil(H / (patch_size * 2**i))`` rows.
-Swin-T at 224x224 returns (96, 56, 56), (192, 28, 28), (384, 14, 14), (768, 7, 7).
+``ceil(H / ph) x ceil(W / pw)`` (``patch_size`` ``p`` or ``(ph, pw)``; zero padding at the
+bottom/right), and the patch merging before stage ``i > 0`` (2x2 neighbourhoods every
+``strides[i]`` rows and columns) divides that by ``strides[i]`` rounding up. With the default
+strides (4, 2, 2, 2) stage ``i`` has ``ceil(H / (4 * 2**i))`` rows: Swin-T at 224x224 returns
+(96, 56, 56), (192, 28, 28), (384, 14, 14), (768, 7, 7).
 """
 import numbers
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -116,9 +118,34 @@ def _check_strides(strides: Tuple[int, ...], patch_size: int, num_stages: int) -
                                  f'{tuple(strides[1:num_stages])}')
 
 
+def _pair(name: str, value) -> Tuple[int, int]:
+    """An int ``s`` -> ``(s, s)``; a list/tuple of 2 ints -> as a tuple (each >= 1)."""
+    return to_tuple(value, 2, name)
+
+
+def check_mmdet_strides(strides, patch_size, num_stages: int) -> Tuple[Tuple[int, int], ...]:
+    """mmdet's/mmseg's ``patch_size`` and ``strides`` -> one ``(sh, sw)`` per stage: the patch
+    (``patch_size``, an int or 2 ints, equal to ``strides[0]``: a non-overlapping embedding),
+    then each patch merging's stride (an int or 2 ints). Entries past the last stage are
+    ignored, as the references ignore them."""
+    patch = _pair('patch_size', patch_size)
+    if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence):
+        raise ArgumentTypeError(f'strides must be a list or tuple (one stride per stage), got '
+                                f'{strides!r}')
+    if len(strides) < num_stages:
+        raise ArgumentIndexError(f'strides must have an entry for each of the {num_stages} '
+                                 f'stages, got {strides}')
+    pairs = tuple(_pair(f'strides[{i}]', v) for i, v in enumerate(strides[:num_stages]))
+    if pairs[0] != patch:  # the references compare with ==: 4 vs (4, 4) fails there
+        raise ArgumentValueError(f'strides[0] ({strides[0]}) must equal patch_size '
+                                 f'({patch_size}): the patch embedding is non-overlapping')
+    return pairs
+
+
 def check_mmdet_swin_layout(embed_dims, depths, num_heads, patch_size, strides, out_indices,
                             frozen_stages) -> Tuple[Tuple[int, ...], Tuple[int, ...],
-                                                    Tuple[int, ...]]:
+                                                    Tuple[int, ...], Tuple[Tuple[int, int],
+                                                                           ...]]:
     """The stage layout mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` accept, with their
     meaning; anything else raises an :class:`~mmvitswin.core.validate.ArgumentError` naming
     the argument (an ``AssertionError`` too, and an ``IndexError`` for a count or an index
@@ -127,25 +154,25 @@ def check_mmdet_swin_layout(embed_dims, depths, num_heads, patch_size, strides, 
     - ``depths``: blocks (>= 0) per stage, any number of stages >= 1;
     - ``num_heads`` and ``strides``: an entry for every stage; entries past the last stage are
       ignored, as the references ignore them (a 3-stage model keeps the default 4 strides);
-    - ``strides[0] == patch_size`` (non-overlapping patch embedding), ``strides[1:]`` 2;
+    - ``patch_size`` and each stride: an int or 2 ints (rows, columns), ``strides[0] ==
+      patch_size`` (non-overlapping patch embedding); ``strides[i > 0]``: the step of stage
+      ``i``'s 2x2 patch merging (mmdet's ``nn.Unfold(kernel_size=2, stride=s)``);
     - ``out_indices``: a list or tuple of stage indices, possibly empty (no outputs);
     - ``frozen_stages``: an int up to the number of stages; negative freezes nothing.
 
-    Returns ``(depths, num_heads, out_indices)`` as tuples, ``num_heads`` cut to the stages.
+    Returns ``(depths, num_heads, out_indices, strides)`` as tuples, ``num_heads`` cut to the
+    stages, ``strides`` one ``(sh, sw)`` per stage (:func:`check_mmdet_strides`).
     """
-    check_positive_int('patch_size', patch_size)
     depths = check_int_sequence('depths', depths, low=0)
     num_heads = check_int_sequence('num_heads', num_heads, low=1)
-    strides = check_int_sequence('strides', strides, low=1)
-    for name, value in (('num_heads', num_heads), ('strides', strides)):
-        if len(value) < len(depths):
-            raise ArgumentIndexError(f'{name} must have an entry for each of the {len(depths)} '
-                                     f'stages of depths={depths}, got {value}')
+    if len(num_heads) < len(depths):
+        raise ArgumentIndexError(f'num_heads must have an entry for each of the {len(depths)} '
+                                 f'stages of depths={depths}, got {num_heads}')
     num_heads = num_heads[:len(depths)]
-    _check_strides(strides, patch_size, len(depths))
+    strides = check_mmdet_strides(strides, patch_size, len(depths))
     validate_stages(embed_dims, depths, num_heads, frozen_stages)
     out_indices = resolve_indices(out_indices, len(depths), allow_empty=True, allow_int=False)
-    return depths, num_heads, out_indices
+    return depths, num_heads, out_indices, strides
 
 
 def mmdet_pretrain_img_size(value) -> Tuple[int, int]:
@@ -186,19 +213,22 @@ def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequenc
                       window: Tuple[int, ...], mlp_ratio: float, drop_path_rate: float,
                       norm_cfg: Optional[dict], channel_order: str = 'unfold',
                       block_cls: type = SwinBlock, merge_norm: bool = True,
+                      merge_strides: Optional[Sequence] = None,
                       **block_kwargs) -> nn.ModuleList:
     """The stage stack of a Swin (2-D or video): stage ``i`` has ``embed_dims * 2**i``
     channels and ``depths[i]`` blocks (stochastic depth rising over all blocks), every stage
     but the last ends in a 2x2 patch merging (``channel_order``: mmdet's ``'unfold'`` or
-    mmaction2's ``'microsoft'``) with a ``norm_cfg`` LayerNorm, or none without
-    ``merge_norm`` (mmdet's/mmseg's ``patch_norm=False`` drops it)."""
+    mmaction2's ``'microsoft'``; stride ``merge_strides[i]``, default 2) with a ``norm_cfg``
+    LayerNorm, or none without ``merge_norm`` (mmdet's/mmseg's ``patch_norm=False`` drops
+    it)."""
     rates = drop_path_schedule(drop_path_rate, depths)
     stages = nn.ModuleList()
     for i, depth in enumerate(depths):
         dims = embed_dims * 2**i
         downsample = None
         if i < len(depths) - 1:
-            downsample = PatchMerging(dims, 2 * dims, channel_order=channel_order)
+            stride = 2 if merge_strides is None else merge_strides[i]
+            downsample = PatchMerging(dims, 2 * dims, stride=stride, channel_order=channel_order)
             downsample.norm = (build_layer_norm(norm_cfg, 4 * dims) if merge_norm else
                                nn.Identity())
         stages.append(SwinStage(dims, num_heads[i], depth, window, mlp_ratio, rates[i],
@@ -208,7 +238,8 @@ def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequenc
 
 
 class SwinTransformer(TransformerBackbone):
-    """Swin Transformer returning NCHW maps at strides 4/8/16/32 (for ``out_indices``).
+    """Swin Transformer returning NCHW maps at strides 4/8/16/32 (for ``out_indices``; other
+    ``patch_size`` / ``strides`` as mmdet's: the module docstring's output-size rule).
 
     Constructor: the union of mmdet 3.3's and mmseg 1.2's ``SwinTransformer`` arguments with
     their defaults, in mmdet's positional order, plus the keyword-only ``arch`` ('tiny' |
@@ -232,12 +263,12 @@ class SwinTransformer(TransformerBackbone):
                  pretrain_img_size=224,
                  in_channels: int = 3,
                  embed_dims: Optional[int] = None,
-                 patch_size: int = 4,
+                 patch_size: Union[int, Sequence[int]] = 4,
                  window_size: int = 7,
                  mlp_ratio: float = 4,
                  depths: Optional[Sequence[int]] = None,
                  num_heads: Optional[Sequence[int]] = None,
-                 strides: Sequence[int] = (4, 2, 2, 2),
+                 strides: Sequence[Union[int, Sequence[int]]] = (4, 2, 2, 2),
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  qkv_bias: bool = True,
                  qk_scale: Optional[float] = None,
@@ -259,7 +290,7 @@ class SwinTransformer(TransformerBackbone):
 
         preset = resolve_arch(arch, ARCH_ZOO, ARCH_ALIASES, SWIN_ARCH_KEYS, exact=True)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
-        depths, num_heads, out_indices = check_mmdet_swin_layout(
+        depths, num_heads, out_indices, strides = check_mmdet_swin_layout(
             embed_dims, preset['depths'] if depths is None else depths,
             preset['num_heads'] if num_heads is None else num_heads, patch_size, strides,
             out_indices, frozen_stages)
@@ -274,7 +305,10 @@ class SwinTransformer(TransformerBackbone):
         self.arch_settings = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads)
         self.pretrain_img_size = mmdet_pretrain_img_size(pretrain_img_size)
         self.in_channels = in_channels
-        self.patch_size = patch_size
+        patch = strides[0]
+        # an int where the patch is square (what the checkpoint probe compares with a
+        # HuggingFace config's patch_size); mmdet/mmseg keep no such attribute
+        self.patch_size = patch[0] if patch[0] == patch[1] else patch
         self.window_size = window
         self.depths = depths
         self.num_heads = num_heads
@@ -285,12 +319,12 @@ class SwinTransformer(TransformerBackbone):
         self.num_layers = len(depths)
         self.num_features = [int(embed_dims * 2**i) for i in range(self.num_layers)]
 
-        self.patch_embed = PatchEmbed(in_channels, embed_dims, (patch_size, patch_size),
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, patch,
                                       norm=patch_norm, proj_name='projection')
         if patch_norm:  # norm_cfg's eps and requires_grad hold here too, as in mmdet/mmseg
             self.patch_embed.norm = build_layer_norm(norm_cfg, embed_dims)
         if use_abs_pos_embed:
-            self.pretrain_grid = tuple(s // patch_size for s in self.pretrain_img_size)
+            self.pretrain_grid = tuple(s // p for s, p in zip(self.pretrain_img_size, patch))
             if min(self.pretrain_grid) < 1:
                 raise ArgumentValueError(
                     f'pretrain_img_size {self.pretrain_img_size} must be at least patch_size '
@@ -301,7 +335,8 @@ class SwinTransformer(TransformerBackbone):
         self.drop_after_pos = nn.Dropout(drop_rate)
 
         self.stages = build_swin_stages(embed_dims, depths, num_heads, window,
-                                        merge_norm=patch_norm, **stage_cfg)
+                                        merge_norm=patch_norm, merge_strides=strides[1:],
+                                        **stage_cfg)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()

@@ -90,10 +90,32 @@ class ConvStem(nn.Module):
         return x.permute(0, 2, 3, 1), grid
 
 
-class PatchMerging(nn.Module):
-    """Halve the spatial resolution (last two spatial dims) and project 4C -> out_channels.
+def _pad_end(x: torch.Tensor, dim: int, amount) -> torch.Tensor:
+    """Zero-pad the end of axis ``dim`` (negative: counted from the last) by ``amount``."""
+    return F.pad(x, (0, 0) * (-dim - 1) + (0, amount))
 
-    Odd sizes are zero-padded at the bottom/right first, so the output is ``ceil(size / 2)``.
+
+def _neighbour_pairs(x: torch.Tensor, dim: int, stride: int) -> torch.Tensor:
+    """Split axis ``dim`` (negative) of size ``n`` into ``(ceil(n / stride), 2)``: window ``i``
+    holds rows ``i * stride`` and ``i * stride + 1``, zeros past the end (mmdet's
+    ``nn.Unfold(kernel_size=2, stride=stride)`` after corner padding)."""
+    size = x.shape[dim]
+    if stride == 1:  # overlapping windows: every row and the next one
+        x = _pad_end(x, dim, 1)
+        return torch.stack((x.narrow(dim, 0, size), x.narrow(dim, 1, size)), dim)
+    # padded to a multiple of the stride, each window's first two rows
+    x = _pad_end(x, dim, pad_amount(size, stride))
+    return x.unflatten(dim, (x.shape[dim] // stride, stride)).narrow(dim, 0, 2)
+
+
+class PatchMerging(nn.Module):
+    """Merge each 2x2 neighbourhood into one token and project 4C -> out_channels.
+
+    ``stride`` (an int or ``(sh, sw)``): the step between neighbourhoods, as mmdet's/mmseg's
+    ``PatchMerging`` (``nn.Unfold(kernel_size=2, stride=stride)`` after "corner" zero
+    padding). Output size per axis: ``ceil(size / stride)``: 2 (Swin's default) halves it,
+    padding odd sizes by one row at the bottom/right; 1 keeps it (overlapping windows, one
+    zero row/column added); ``s > 2`` takes the first two rows of every ``s``.
     ``channel_order`` fixes how the 2x2 neighbours are laid out in the 4C vector, which is what
     the weights of ``reduction`` were trained against:
 
@@ -107,14 +129,11 @@ class PatchMerging(nn.Module):
     """
 
     def __init__(self, in_channels: int, out_channels: Optional[int] = None,
-                 stride: int = 2, channel_order: str = 'unfold', norm_after: bool = False):
+                 stride=2, channel_order: str = 'unfold', norm_after: bool = False):
         super().__init__()
         if channel_order not in ('unfold', 'microsoft'):
             raise ValueError(f"channel_order must be 'unfold' or 'microsoft', got {channel_order!r}")
         self.stride = to_tuple(stride, 2, 'stride')
-        if self.stride != (2, 2):
-            # Both reference families merge 2x2; a different stride would need new weights.
-            raise ValueError(f'PatchMerging supports stride 2 only, got {stride!r}')
         out_channels = out_channels or 2 * in_channels
         self.channel_order = channel_order
         self.norm_after = norm_after
@@ -123,18 +142,22 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         *lead, h, w, c = x.shape
-        pad_h, pad_w = pad_amount(h, 2), pad_amount(w, 2)
-        if is_tracing() or pad_h or pad_w:  # no size-dependent branch while tracing
-            x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
-            h, w = h + pad_h, w + pad_w
-        x = x.reshape(*lead, h // 2, 2, w // 2, 2, c)
+        if self.stride == (2, 2):  # one pad and one view
+            pad_h, pad_w = pad_amount(h, 2), pad_amount(w, 2)
+            if is_tracing() or pad_h or pad_w:  # no size-dependent branch while tracing
+                x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+                h, w = h + pad_h, w + pad_w
+            x = x.reshape(*lead, h // 2, 2, w // 2, 2, c)
+        else:
+            x = _neighbour_pairs(_neighbour_pairs(x, -3, self.stride[0]), -2, self.stride[1])
+        oh, ow = x.shape[-5], x.shape[-3]
         nl = len(lead)
         hdim, dy, wdim, dx, cdim = nl, nl + 1, nl + 2, nl + 3, nl + 4
         if self.channel_order == 'unfold':
             order = (*range(nl), hdim, wdim, cdim, dy, dx)
         else:
             order = (*range(nl), hdim, wdim, dx, dy, cdim)
-        x = x.permute(*order).reshape(*lead, h // 2, w // 2, 4 * c)
+        x = x.permute(*order).reshape(*lead, oh, ow, 4 * c)
         if self.norm_after:
             return self.norm(self.reduction(x))
         return self.reduction(self.norm(x))
