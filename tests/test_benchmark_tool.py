@@ -166,9 +166,9 @@ def test_presets_cover_the_targets_and_every_backbone(tool):
     used = {tool.BACKBONES[c['model']]['type'] for c in standard if c['model'] in tool.BACKBONES}
     assert registered <= used
     labels = [r[0] for c in standard for r in c['rows']]
-    assert len(labels) == len(set(labels)) == 25
+    assert len(labels) == len(set(labels)) >= 25  # 25 Swin/Mask R-CNN/other rows, + DINOv2's
     metrics = [r[3] for c in standard for r in c['rows']]
-    assert metrics.count('peak') == 4 and metrics.count('time') == 21
+    assert metrics.count('peak') == 4 and metrics.count('time') == len(labels) - 4
     variants = {v for c in standard for r in c['rows'] for v in r[1:3] if v}
     assert {'ours fp32 compiled', 'ours bf16 compiled', 'ours fp32 cp', 'ours bf16 sep nhwc'} \
         <= variants
@@ -507,3 +507,21 @@ def test_profile_mode(tmp_path):
 def report_groups():
     return ['attention (SDPA)', 'softmax', 'GEMM', 'norms', 'GELU', 'layout copies',
             'gather/scatter', 'optimizer', 'other']
+
+
+def test_every_swin_row_against_the_reference_gets_the_peers(tool):
+    """make bench: each Swin-T backbone time row whose baseline is mmdet's is timed against
+    timm and HF too (in the baseline's precision); ``--peers`` alone turns them off."""
+    for argv, expect in (([], True), (['--peers'], False), (['--peers', 'hf'], True)):
+        args, got = tool.parse_args(argv), 0
+        for case in tool.PRESETS['standard']:
+            rows = [dict(label=l, subject=s, baseline=b, metric=m) for l, s, b, m in case['rows']]
+            tool.add_peers(rows, case, args)
+            for r in rows:
+                swin = (case['model'] == 'swin_t' and r['metric'] == 'time'
+                        and (r['baseline'] or '').startswith('ref '))
+                want = [f"{p} {r['baseline'].split()[1]}" for p in args.peers] \
+                    if swin and expect else None
+                assert r.get('peers') == want, r
+                got += bool(want)
+        assert got == (14 if expect else 0)  # compiled rows included: eager peers
