@@ -215,7 +215,7 @@ def test_mmdet_heads_hand_fp32_to_mmcv_nms():
     assert (low.bboxes[:3] - ref.bboxes[:3]).abs().max() < 1.0  # the same top proposals
 
 
-def test_upcast_restores_fp32_and_keeps_integers():
+def test_samples_to_fp32_restores_fp32_and_keeps_integers():
     from mmengine.structures import InstanceData
     from mmdet.structures import DetDataSample
     sample = DetDataSample(metainfo=dict(img_shape=(4, 4)))

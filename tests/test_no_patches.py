@@ -23,6 +23,7 @@ PROBE = textwrap.dedent('''
     import mmengine.runner
     import mmengine.runner.checkpoint as ckpt_module
     import mmengine.runner.runner as runner_module
+    import mmengine.runner._flexible_runner as flexible_module
     from mmengine.fileio import LocalBackend
     from mmengine.hooks import CheckpointHook
     from mmengine.runner import CheckpointLoader, Runner
@@ -59,6 +60,8 @@ PROBE = textwrap.dedent('''
             'mmengine.runner.runner.save_checkpoint': runner_module.save_checkpoint,
             'mmengine.runner.runner.find_latest_checkpoint': runner_module.find_latest_checkpoint,
             'mmengine.runner.runner._load_checkpoint': runner_module._load_checkpoint,
+            'mmengine.runner._flexible_runner.find_latest_checkpoint':
+                flexible_module.find_latest_checkpoint,
             'mmengine.fileio.LocalBackend.put': vars(LocalBackend)['put'],
             'mmengine.Registry.import_from_location':
                 vars(mmengine.registry.Registry)['import_from_location'],

@@ -72,7 +72,6 @@ class SafeCheckpointRunner(Runner):
                 return
             self.logger.info(f'Auto resumed from the latest checkpoint {latest}.')
             self.resume(latest)
-            self._has_loaded = True
             return
         super().load_or_resume()
 
