@@ -155,6 +155,7 @@ class CPUAmpOptimWrapper(OptimWrapper):
             raise ValueError('CPUAmpOptimWrapper runs bf16 only (fp16 on CPU needs loss scaling '
                              'and has no fast kernels); use AmpOptimWrapper on CUDA for fp16')
         self.cast_dtype = torch.bfloat16
+        self._guarded: 'weakref.WeakSet[nn.Module]' = weakref.WeakSet()  # models seen
         MMLogger.get_current_instance().info(
             'CPUAmpOptimWrapper: precision bf16 (forward under torch.autocast("cpu", '
             'torch.bfloat16); backward, gradients and optimizer step in fp32; no loss scaling)')
@@ -165,7 +166,9 @@ class CPUAmpOptimWrapper(OptimWrapper):
         if param is not None and param.device.type != 'cpu':
             raise RuntimeError(f'CPUAmpOptimWrapper autocasts on CPU but the model is on '
                                f'{param.device}; use AmpOptimWrapper there')
-        keep_mmcv_ops_fp32(model)
+        if model not in self._guarded:  # once per model, not every iteration
+            keep_mmcv_ops_fp32(model)
+            self._guarded.add(model)
         with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
             yield
 
