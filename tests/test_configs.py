@@ -50,7 +50,7 @@ def test_config_builds_and_predicts(rel):
     scope = cfg.get('default_scope')
     assert scope in ('mmdet', 'mmseg'), f'{rel}: no forward recipe for scope {scope!r}'
     replace_sync_bn(cfg.model)  # what tools/train.py does outside distributed CUDA runs
-    if cfg.model.backbone.get('type') == 'SwinTransformer':
+    if cfg.model.backbone.get('type') in ('SwinTransformer', 'SwinTransformerV2'):
         # one block per stage keeps every width (what the necks/heads see) but builds fast
         cfg.model.backbone.depths = [1] * len(cfg.model.backbone.get('depths') or [0] * 4)
     key = f'{scope}:{cfg.model!r}'

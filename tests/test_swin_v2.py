@@ -422,3 +422,96 @@ def test_pyramid_contract_presets_and_freezing():
 def test_bad_arguments_name_themselves(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
         SwinTransformerV2(**dict(NARROW, window_size=4, **kwargs))
+
+
+# ------------------------------------------------------------------------------ configs
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+V2_CONFIGS = {  # config -> (arch, detection epochs / segmentation iterations, drop path)
+    'mask_rcnn_swinv2_t_coco.py': ('tiny', 12, 0.2),
+    'mask_rcnn_swinv2_t_coco_3x.py': ('tiny', 36, 0.2),
+    'mask_rcnn_swinv2_s_coco.py': ('small', 12, 0.3),
+    'mask_rcnn_swinv2_s_coco_3x.py': ('small', 36, 0.3),
+    'mask_rcnn_swinv2_b_coco.py': ('base', 12, 0.3),
+    'mask_rcnn_swinv2_b_coco_3x.py': ('base', 36, 0.3),
+    'upernet_swinv2_t_ade20k.py': ('tiny', 160000, 0.3),
+    'upernet_swinv2_s_ade20k.py': ('small', 160000, 0.3),
+    'upernet_swinv2_b_ade20k.py': ('base', 160000, 0.3),
+}
+
+
+@pytest.mark.parametrize('name', sorted(V2_CONFIGS))
+def test_config_recipe_values(name):
+    """Window 16 from the 256-px window-16 releases, their last stage's bias coordinates at 8,
+    the Swin recipes' optimisers and schedules, V2's weight-decay exemptions. (Building and
+    predicting: tests/test_configs.py, which covers every config.)"""
+    mmengine = pytest.importorskip('mmengine')
+    cfg = mmengine.Config.fromfile(os.path.join(ROOT, 'configs', name))
+    arch, length, drop_path = V2_CONFIGS[name]
+    bb = cfg.model.backbone
+    assert (bb.type, bb.arch, bb.window_size, tuple(bb.pretrained_window_sizes)) == (
+        'SwinTransformerV2', arch, 16, (16, 16, 16, 8))
+    assert bb.drop_path_rate == drop_path and 'qk_scale' not in bb
+    assert bb.init_cfg.checkpoint == ('https://github.com/SwinTransformer/storage/releases/'
+                                      f'download/v2.0.0/swinv2_{arch}_patch4_window16_256.pth')
+    paramwise = cfg.optim_wrapper.paramwise_cfg
+    assert {k: v['decay_mult'] for k, v in paramwise.custom_keys.items()} == {
+        'cpb_mlp': 0., 'logit_scale': 0., 'q_bias': 0., 'v_bias': 0.}
+    assert paramwise.norm_decay_mult == 0. and paramwise.bias_decay_mult == 0.
+    dims = {'tiny': 96, 'small': 96, 'base': 128}[arch]
+    opt = cfg.optim_wrapper.optimizer
+    if name.startswith('mask_rcnn'):
+        assert (opt.type, opt.lr, opt.weight_decay) == ('AdamW', 1e-4, 0.05)
+        assert cfg.train_cfg.max_epochs == length
+        assert cfg.param_scheduler[-1].milestones == ([8, 11] if length == 12 else [27, 33])
+        assert cfg.model.neck.in_channels == [dims * 2**i for i in range(4)]
+    else:
+        assert (opt.type, opt.lr, opt.weight_decay) == ('AdamW', 6e-5, 0.01)
+        assert cfg.train_cfg.max_iters == length
+        assert cfg.model.decode_head.in_channels == [dims * 2**i for i in range(4)]
+        assert cfg.model.auxiliary_head.in_channels == dims * 4
+
+
+def test_release_window_settings_load_the_release_layout(tmp_path):
+    """What the configs' backbone expects of Microsoft's window16_256 files: a file saved by a
+    window-16 model trained at 256 px (HF's model at image_size 256 shrinks the last stage's
+    window to 8, as Microsoft's did) loads with pretrained_window_sizes=(16, 16, 16, 8), and
+    the default (every stage at 16) is refused, naming stage 3."""
+    cfg = hf_config(16, (1, 1, 1, 1), (1, 2, 4, 8), window=16, image_size=256)
+    hf = perturbed(Swinv2Backbone(cfg))
+    path = tmp_path / 'window16_256.pth'
+    torch.save(hf_to_microsoft_layout(hf), path)
+    arch = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8), window_size=16)
+    with pytest.raises(CheckpointError, match=r'stage 3 .* window 8.*pretrained_window_sizes\[3\]'):
+        load_pretrained(SwinTransformerV2(**arch), str(path))
+    model = SwinTransformerV2(**arch, pretrained_window_sizes=(16, 16, 16, 8))
+    load(model, path)
+    # at 256 px (where HF's windows are the pretraining ones) the features agree except in the
+    # last stage, which HF runs unshifted on its 8x8 map and we at window 16 (padded)
+    x = torch.randn(1, 3, 256, 256)
+    with torch.no_grad():
+        got = model.eval()(x)
+    want = hf_features(hf, model, x)
+    assert max_rel_err(got[0], want[0]) < 1e-5 and max_rel_err(got[1], want[1]) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('precision', ['fp32', 'bf16'])
+def test_demo_config_trains_a_few_iterations(tmp_path, precision):
+    """The CPU demo variant through tools/demo.py's runner (bf16: our CPU AMP wrapper), on a
+    tiny generated shapes set: it trains (the config's CheckInvalidLossHook stops a run at the
+    first non-finite loss), evaluates and writes its checkpoint."""
+    import json
+    import sys
+    pytest.importorskip('mmdet')
+    from mmvitswin.openmmlab.datasets import make_shapes
+    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    import demo
+    data = str(tmp_path / 'shapes')
+    make_shapes(data, num_train=4, num_val=2, image_size=(128, 128), seed=1)
+    config = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_swinv2_nano_shapes.py')
+    summary = demo.run_demo(config, str(tmp_path / 'work'), data, max_iters=3,
+                            precision=precision, log=lambda *a: None)
+    record = json.load(open(os.path.join(str(tmp_path / 'work'), 'metrics.json')))
+    assert record['max_iters'] == 3 and record['precision'] == precision
+    assert os.path.isfile(summary['checkpoint'])
+    assert all(math.isfinite(v) for v in record['metrics'].values() if isinstance(v, float))

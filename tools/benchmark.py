@@ -84,6 +84,12 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
         adapter='interaction', adapter_cfg=dict(num_heads=2, conv_inplane=16, n_points=2,
                                                 interaction_indexes=[(0, 1), (1, 2)]),
         reference='hf-dinov2'),
+    # Swin V2-T at the detection configs' window 16 against HF's Swinv2Backbone on the same
+    # weights (HF's random ones, through our checkpoint family)
+    'swinv2_t': dict(type='SwinTransformerV2', arch='tiny', window_size=16,
+                     pretrained_window_sizes=(16, 16, 16, 8), reference='hf-swinv2'),
+    'swinv2_tiny_test': dict(type='SwinTransformerV2', embed_dims=32, depths=[1, 1, 1, 1],
+                             num_heads=[1, 2, 4, 8], window_size=8, reference='hf-swinv2'),
 }
 # A case: kind (forward | train | whole | rss | rss_train), model (a BACKBONES or WHOLE key),
 # scale (of the recipe's sizes) or sides (low, high: H and W drawn independently), count (sizes
@@ -103,6 +109,12 @@ def _swin_speed_rows(kind: str, suffix: str = '') -> list:
     return [[f'Swin-T {what} fp32{suffix}', 'ours fp32', 'ref fp32', 'time'],
             [f'Swin-T {what} bf16{amp} vs ref fp32{suffix}', 'ours bf16', 'ref fp32', 'time'],
             [f'Swin-T {what} bf16{amp} vs ref bf16{suffix}', 'ours bf16', 'ref bf16', 'time']]
+
+
+def _swinv2_rows(prefix: str = 'SwinV2-T') -> list:
+    """Swin V2 forward rows against HF's Swinv2Backbone on the same weights, fp32 and bf16."""
+    return [[f'{prefix} forward {d} vs HF Swinv2Backbone {d}', f'ours {d}', f'ref {d}', 'time']
+            for d in ('fp32', 'bf16')]
 
 
 def _dinov2_rows(adapter: str) -> list:
@@ -153,6 +165,8 @@ PRESETS = {
             ['SwinTransformer3D-T forward fp32, 8 frames', 'ours fp32', None, 'time']]),
         dict(model='vit_adapter_dinov2_b_simple', kind='forward', scale=0.6, count=3, batch=1,
              rows=_dinov2_rows('simple')),
+        dict(model='swinv2_t', kind='forward', scale=0.4, count=6, batch=1,
+             rows=_swinv2_rows()),
         dict(model='vit_adapter_dinov2_b_interaction', kind='forward', scale=0.6, count=3,
              batch=1, rows=_dinov2_rows('interaction')),
     ],
@@ -175,6 +189,8 @@ PRESETS = {
              'rss']]),
         dict(model='hybrid_vit_t', kind='forward', scale=0.15, count=1, batch=1, rows=[
             ['HybridViT-T forward fp32', 'ours fp32', None, 'time']]),
+        dict(model='swinv2_tiny_test', kind='forward', scale=0.15, count=1, batch=1,
+             rows=_swinv2_rows('tiny SwinV2')),
         dict(model='vit_adapter_dinov2_tiny_test', kind='forward', scale=0.15, count=1, batch=1,
              rows=[['tiny DINOv2 ViTAdapter forward fp32 vs HF Dinov2Backbone', 'ours fp32',
                     'ref fp32', 'time'],
@@ -431,6 +447,36 @@ class HFDinov2Reference(nn.Module):
         return tuple(self.hf(pixel_values=x).feature_maps)
 
 
+class HFSwinv2Reference(nn.Module):
+    """HF ``Swinv2Backbone`` with one of our SwinTransformerV2's configs; building it gives our
+    model HF's (random) weights through our checkpoint family, so both run the same weights.
+    HF's ``image_size`` is large so that it never shrinks a window: full shifted windows on
+    padded maps at every size, as ours. Returns HF's stage maps (it has no output norms)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        import transformers
+        if len(set(model.window_sizes)) != 1:
+            raise ValueError(f'HF Swin V2 has one square window for all stages, the model has '
+                             f'{model.window_sizes}')
+        block = model.stages[0].blocks[0]
+        config = transformers.Swinv2Config(
+            image_size=4096, patch_size=model.patch_size, embed_dim=model.num_features[0],
+            depths=list(model.depths), num_heads=list(model.num_heads),
+            window_size=model.window_sizes[0][0],
+            pretrained_window_sizes=[p[0] for p in model.pretrained_window_sizes],
+            mlp_ratio=block.ffn.layers[0][0].out_features / model.num_features[0],
+            drop_path_rate=0., out_features=[f'stage{i + 1}' for i in model.out_indices])
+        self.hf = transformers.Swinv2Backbone(config).eval()
+        sd = model.convert_checkpoint(self.hf.state_dict())
+        missing = model.load_state_dict(sd, strict=False).missing_keys
+        if [k for k in missing if not k.startswith('norm')]:  # only our output norms
+            raise RuntimeError(f'HF Swin V2 reference: weights missing for {missing[:4]}')
+
+    def forward(self, x: torch.Tensor):
+        return tuple(self.hf(pixel_values=x).feature_maps)
+
+
 def hf_dinov2_state(state: dict, num_layers: int) -> dict:
     """Our trunk's keys -> the module names of transformers' Dinov2 models (>= 5)."""
     out = {'embeddings.cls_token': state['cls_token'],
@@ -500,12 +546,16 @@ class Subject:
             self.frames = self.backbone_cfg.pop('frames', None)
             self.reference = self.backbone_cfg.pop('reference', None)
             self.base = MODELS.build(copy.deepcopy(self.backbone_cfg))
+            if self.reference == 'hf-swinv2':  # gives self.base HF's weights
+                self.hf_swinv2 = HFSwinv2Reference(self.base)
         self.state = copy.deepcopy(self.base.state_dict())
         bb_state = self.state if case['kind'] != 'whole' else self.base.backbone.state_dict()
         if args.reference == 'none':
             self.ref = None
         elif getattr(self, 'reference', None) == 'hf-dinov2':
             self.ref = HFDinov2Reference(self.base)
+        elif getattr(self, 'reference', None) == 'hf-swinv2':
+            self.ref = self.hf_swinv2
         else:
             self.ref = reference_backbone(self.host, self.backbone_cfg, bb_state)
 
@@ -663,7 +713,9 @@ def run_case(case: dict, args, device) -> dict:
     subject = Subject(case, args, device)
     names = []
     for r in rows:
-        r['reference'] = subject.host if subject.ref is not None else None
+        # the baseline's package: HF for the HF-built references, else the host
+        r['reference'] = (('HF' if getattr(subject, 'reference', None) else subject.host)
+                          if subject.ref is not None else None)
         names += [n for n in (r['subject'], r['baseline'], *r.get('peers', ()))
                   if n and n not in names]
     calls = {}

@@ -1,0 +1,8 @@
+# Mask R-CNN, Swin V2-B (window 16), FPN, COCO 2017, 1x: the Swin V2-T config with the base
+# preset, its 256-px window-16 checkpoint and drop path 0.3 (the Swin B detection recipe's).
+_base_ = './mask_rcnn_swinv2_t_coco.py'
+pretrained = 'https://github.com/SwinTransformer/storage/releases/download/v2.0.0/swinv2_base_patch4_window16_256.pth'  # noqa: E501
+model = dict(
+    backbone=dict(arch='base', drop_path_rate=0.3,
+                  init_cfg=dict(checkpoint=pretrained)),
+    neck=dict(in_channels=[128, 256, 512, 1024]))
