@@ -648,3 +648,120 @@ def test_mmseg_own_swin_test_passes_with_ours(refs_2d):
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         module.test_swin_transformer()
+
+
+# ------------------------------------------------------------- act_cfg / norm_cfg / merging
+_MMCV_ACT_FILES = ('torch.nn.modules.activation', 'mmcv.cnn.bricks.activation',
+                   'mmcv.cnn.bricks.hswish', 'mmcv.cnn.bricks.hsigmoid', 'mmcv.cnn.bricks.swish')
+ACT_KWARGS = dict(ReLU=dict(inplace=True), LeakyReLU=dict(negative_slope=0.3),
+                  PReLU=dict(init=0.2), RReLU=dict(lower=0.1, upper=0.4), ReLU6={},
+                  ELU=dict(alpha=0.7), Sigmoid={}, Tanh={}, SiLU={}, Swish={},
+                  GELU=dict(approximate='tanh'), HSwish={},
+                  HSigmoid=dict(bias=1., divisor=3., min_value=-0.5, max_value=0.8),
+                  Clamp=dict(min=-0.3, max=0.6), Clip={})
+
+
+def test_act_cfg_types_are_mmcvs():
+    """Every activation of mmcv's registry (the names whose class comes from torch's or mmcv's
+    activation modules) builds in ours as the same module, with the same keyword arguments
+    and the same values (eval mode; the inputs span the kinks and the clamps)."""
+    from mmcv.cnn import build_activation_layer
+    from mmengine.registry import MODELS
+
+    from mmvitswin.core.layers import build_act
+    mmcv_acts = {name for name, cls in MODELS.module_dict.items()
+                 if getattr(cls, '__module__', '') in _MMCV_ACT_FILES}
+    assert mmcv_acts == set(ACT_KWARGS)
+    x = torch.linspace(-8, 8, 161).view(7, 23)
+    for name, kwargs in ACT_KWARGS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # HSigmoid's note on its v1.4.4 defaults
+            ref = build_activation_layer(dict(type=name, **kwargs)).eval()
+        ours = build_act(dict(type=name, **kwargs))().eval()
+        if ref.__class__.__module__.startswith('torch.'):
+            assert type(ours) is type(ref), name
+        torch.testing.assert_close(ours(x.clone()), ref(x.clone()), atol=1e-6, rtol=1e-6,
+                                   msg=name)
+        assert ours.state_dict().keys() == ref.state_dict().keys()
+    # a torch class as type, as mmcv's registry builds it
+    assert isinstance(build_act(dict(type=torch.nn.Hardswish))(), torch.nn.Hardswish)
+    assert build_act(None)().__class__ is torch.nn.GELU
+
+
+@pytest.mark.parametrize('cfg, error', [
+    (dict(type='Nope'), ArgumentValueError),
+    (dict(inplace=True), ArgumentValueError),  # no type
+    (dict(type='Swish', inplace=True), ArgumentTypeError),  # mmcv's Swish takes none
+    (dict(type='ReLU', negative_slope=0.1), ArgumentTypeError),
+    (dict(type='PReLU', device='cpu'), ArgumentTypeError),  # factory keywords: use .to()
+    (dict(type='PReLU', num_parameters=4), ArgumentValueError),
+    (dict(type='HSigmoid', divisor=0.), ArgumentValueError),
+    (dict(type='LeakyReLU', negative_slope='a'), ArgumentTypeError),
+    (dict(type='ReLU', inplace='yes'), ArgumentTypeError),
+    ('GELU', ArgumentTypeError),
+])
+def test_act_cfg_refused_naming_it(cfg, error):
+    from mmvitswin.core.layers import build_act
+    with pytest.raises(error, match='act_cfg'):
+        build_act(cfg)
+
+
+@pytest.mark.parametrize('cfg', [
+    dict(type='LN'), dict(type='LN', eps=1e-6), dict(type='LN', elementwise_affine=False),
+    dict(type='LN', bias=False, requires_grad=False), dict(type=torch.nn.LayerNorm, eps=0.1)])
+def test_layer_norm_cfg_is_mmcvs(cfg):
+    """``build_layer_norm`` gives the LayerNorm mmcv's ``build_norm_layer`` gives (same eps,
+    affine weight/bias, requires_grad, values)."""
+    from mmcv.cnn import build_norm_layer
+
+    from mmvitswin.core.layers import build_layer_norm
+    ref = build_norm_layer(cfg, 12)[1]
+    ours = build_layer_norm(cfg, 12)
+    assert type(ours) is type(ref)
+    assert (ours.eps, ours.elementwise_affine) == (ref.eps, ref.elementwise_affine)
+    assert {k: p.requires_grad for k, p in ours.named_parameters()} == \
+        {k: p.requires_grad for k, p in ref.named_parameters()}
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(3, 12)
+    torch.testing.assert_close(ours(x), ref(x))
+
+
+@pytest.mark.parametrize('cfg, error', [
+    (dict(type='BN'), ArgumentValueError), (dict(type='LN', affine=False), ArgumentTypeError),
+    (dict(type='LN', eps='a'), ArgumentTypeError), (dict(type='LN', bias=0), ArgumentTypeError),
+    (dict(eps=1e-6), ArgumentValueError), (['LN'], ArgumentTypeError)])
+def test_layer_norm_cfg_refused_naming_it(cfg, error):
+    from mmvitswin.core.layers import build_layer_norm
+    with pytest.raises(error, match='norm_cfg'):
+        build_layer_norm(cfg, 8)
+
+
+@pytest.mark.parametrize('stride', [1, 2, 3, 4, 5, (2, 1), (1, 3), [3, 2]])
+def test_patch_merging_stride_matches_mmdet(stride):
+    """Our PatchMerging at any stride (2x2 neighbourhoods every ``stride`` rows/columns, corner
+    zero padding, output ceil(size / stride)) against mmdet's ``nn.Unfold`` one: sizes, values
+    and gradients at shared weights, odd, even and 1x1 inputs."""
+    from mmdet.models.layers import PatchMerging as MMDetPatchMerging
+
+    from mmvitswin.core.layers import PatchMerging
+    torch.manual_seed(0)
+    ref = MMDetPatchMerging(8, 16, stride=stride)
+    _perturb(ref)
+    ours = PatchMerging(8, 16, stride=stride)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    for h, w in [(9, 13), (8, 8), (1, 1), (7, 2)]:
+        x = torch.randn(2, h * w, 8, requires_grad=True)
+        expected, hw = ref(x, (h, w))
+        assert hw == (-(-h // sh), -(-w // sw))
+        got = ours(x.view(2, h, w, 8))
+        assert got.shape == (2, *hw, 16)
+        torch.testing.assert_close(got.flatten(1, 2), expected)
+        grad = torch.randn_like(expected)
+        names = [k for k, _ in ref.named_parameters()]
+        ref_grads = torch.autograd.grad(expected, [x, *ref.parameters()], grad)
+        own = dict(ours.named_parameters())
+        ours_grads = torch.autograd.grad(got.flatten(1, 2), [x, *(own[k] for k in names)], grad)
+        assert len(names) == 3 and len(own) == 3  # norm weight/bias and reduction weight
+        for e, g in zip(ref_grads, ours_grads):
+            torch.testing.assert_close(g, e)

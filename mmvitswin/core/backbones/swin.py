@@ -118,25 +118,20 @@ def _check_strides(strides: Tuple[int, ...], patch_size: int, num_stages: int) -
                                  f'{tuple(strides[1:num_stages])}')
 
 
-def _pair(name: str, value) -> Tuple[int, int]:
-    """An int ``s`` -> ``(s, s)``; a list/tuple of 2 ints -> as a tuple (each >= 1)."""
-    return to_tuple(value, 2, name)
-
-
 def check_mmdet_strides(strides, patch_size, num_stages: int) -> Tuple[Tuple[int, int], ...]:
     """mmdet's/mmseg's ``patch_size`` and ``strides`` -> one ``(sh, sw)`` per stage: the patch
     (``patch_size``, an int or 2 ints, equal to ``strides[0]``: a non-overlapping embedding),
     then each patch merging's stride (an int or 2 ints). Entries past the last stage are
     ignored, as the references ignore them."""
-    patch = _pair('patch_size', patch_size)
+    patch = to_tuple(patch_size, 2, 'patch_size')  # an int or 2 ints, each >= 1
     if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence):
         raise ArgumentTypeError(f'strides must be a list or tuple (one stride per stage), got '
                                 f'{strides!r}')
     if len(strides) < num_stages:
         raise ArgumentIndexError(f'strides must have an entry for each of the {num_stages} '
                                  f'stages, got {strides}')
-    pairs = tuple(_pair(f'strides[{i}]', v) for i, v in enumerate(strides[:num_stages]))
-    if pairs[0] != patch:  # the references compare with ==: 4 vs (4, 4) fails there
+    pairs = tuple(to_tuple(v, 2, f'strides[{i}]') for i, v in enumerate(strides[:num_stages]))
+    if pairs[0] != patch:  # as pairs: the references' == also refuses 4 vs (4, 4)
         raise ArgumentValueError(f'strides[0] ({strides[0]}) must equal patch_size '
                                  f'({patch_size}): the patch embedding is non-overlapping')
     return pairs
