@@ -333,9 +333,9 @@ class VisionTransformerTrunk(TransformerBackbone):
     (:class:`ViTAdapter`, ``HybridViT``) choose which maps to return (``out_indices``) and what
     to freeze (``frozen_stages``) with their own documented meaning, and call
     :meth:`forward_intermediates` / :meth:`trunk_frozen_modules`. Parameter names (our
-    checkpoint layout): ``patch_embed.proj``, ``cls_token``, ``pos_embed``, ``norm_pre``,
-    ``blocks.{i}.{norm1,attn.qkv,attn.proj,attn.rel_pos_h,attn.rel_pos_w,norm2,ffn.layers.0.0,
-    ffn.layers.1}``, ``norm``.
+    checkpoint layout): ``patch_embed.proj``, ``cls_token``, ``register_tokens``, ``pos_embed``,
+    ``norm_pre``, ``blocks.{i}.{norm1,attn.qkv,attn.proj,attn.rel_pos_h,attn.rel_pos_w,ls1.gamma,
+    norm2,ffn.layers.0.0,ffn.layers.1 | ffn.w12,ffn.w3,ls2.gamma}``, ``norm``.
 
     The trunk protocol (what adapters and builders use):
 
@@ -362,7 +362,13 @@ class VisionTransformerTrunk(TransformerBackbone):
     listed blocks stay global, default the last of each quarter); ``use_rel_pos`` decomposed
     relative positions (window tables ``2w-1`` rows, global ones ``2 * img_size/p - 1``);
     ``stem``: ``'patch'`` (default, the ViT patchify conv that checkpoints carry) or ``'conv'``
-    (:class:`layers.ConvStem`, for training from scratch).
+    (:class:`layers.ConvStem`, for training from scratch). DINOv2-era features (defaults from
+    the preset, e.g. ``arch='dinov2-b'``; docs/foundation_vits.md): ``layer_scale_init_value``
+    (LayerScale on both residual branches; None: none), ``num_register_tokens`` (after CLS, no
+    position, dropped from the maps), ``ffn_type`` (``'mlp'`` | ``'swiglu'``, hidden width
+    ``feedforward_channels``), ``pos_embed_resize`` (the run-time rule:
+    :data:`~mmvitswin.core.layers.POS_EMBED_RULES`; default the preset's, else
+    ``interpolate_mode``). Presets also set ``patch_size``, ``img_size`` and ``final_norm``.
     """
 
     def __init__(self,

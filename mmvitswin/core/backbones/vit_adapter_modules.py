@@ -91,15 +91,16 @@ def reference_points(shapes: Sequence[HW], device=None,
     ``(1, sum(h*w), L, 2)`` normalised ``(x, y)``, one entry per value level.
 
     ``scales``: per value level ``(sx, sy)`` = (query level extent) / (value level extent) in
-    image pixels, both levels anchored at the image's top-left corner; None (or all ones): the
-    levels cover the same extent and ``L = 1`` broadcasts over them (a query at a normalised
-    position then reads the same position in every level).
+    image pixels, both levels anchored at the image's top-left corner (Python numbers, or
+    symbolic ones while tracing: they only multiply tensors, no branch depends on them); None:
+    the levels cover the same extent and ``L = 1`` broadcasts over them (a query at a
+    normalised position then reads the same position in every level).
     """
     points = torch.cat([pixel_centres(hw, device) for hw in shapes], dim=0)
-    if scales is None or all(s == (1.0, 1.0) for s in scales):
+    if scales is None:
         return points[None, :, None, :]
-    factor = torch.tensor(scales, dtype=torch.float32, device=device)  # (L, 2)
-    return (points[:, None, :] * factor[None])[None]
+    per_level = [torch.stack((points[:, 0] * sx, points[:, 1] * sy), dim=-1) for sx, sy in scales]
+    return torch.stack(per_level, dim=1)[None]
 
 
 class DeformInputs(NamedTuple):
