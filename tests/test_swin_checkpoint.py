@@ -192,12 +192,25 @@ def test_leftover_keys_reported_in_one_warning(mmdet_swin, tmp_path):
     assert 'norm3.weight' in msgs[0] and 'extra.thing' in msgs[0]
 
 
-def test_convert_checkpoint_tool(mmdet_swin, tmp_path):
+def _tool_main():
+    """tools/convert_checkpoint.py's ``main(argv) -> exit code``, loaded in this process."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tools',
+                        'convert_checkpoint.py')
+    spec = importlib.util.spec_from_file_location('convert_checkpoint_tool', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_convert_checkpoint_tool(mmdet_swin, tmp_path, capsys):
     import subprocess
     import sys
     ms = _to_microsoft(mmdet_swin.state_dict())
     src, dst = tmp_path / 'ms.pth', tmp_path / 'out.pth'
     torch.save({'model': ms}, src)
+    # once as users run it (a script in its own interpreter), then through its main(argv)
     run = [sys.executable, 'tools/convert_checkpoint.py', str(src), str(dst)]
     out = subprocess.run(run, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -215,20 +228,18 @@ def test_convert_checkpoint_tool(mmdet_swin, tmp_path):
     x = torch.randn(1, 3, 64, 64)
     for g, w in zip(_outputs(model, x), _outputs(mmdet_swin, x)):
         assert torch.allclose(g, w, atol=1e-5)
+    main = _tool_main()
+    capsys.readouterr()
     # an existing output is never overwritten without --force
     before = dst.read_bytes()
-    again = subprocess.run(run, capture_output=True, text=True)
-    assert again.returncode == 2 and 'exists' in again.stderr
+    assert main([str(src), str(dst)]) == 2 and 'exists' in capsys.readouterr().err
     assert dst.read_bytes() == before
     # fitted to a window-12 backbone, with a prefix for load_from
     fitted = tmp_path / 'w12.pth'
-    out = subprocess.run(run[:2] + [str(src), str(fitted), '--prefix', 'backbone.', '--backbone',
-                                    '{"type": "SwinTransformer", "window_size": 12}'],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    assert main([str(src), str(fitted), '--prefix', 'backbone.', '--backbone',
+                 '{"type": "SwinTransformer", "window_size": 12}']) == 0, capsys.readouterr().err
     sd = torch.load(fitted, weights_only=True)['state_dict']
     assert sd['backbone.stages.0.blocks.0.attn.w_msa.relative_position_bias_table'].shape == (
         529, 3)
-    bad = subprocess.run(run[:2] + [str(src), str(tmp_path / 'x.pth'), '--backbone', '{oops'],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and '--backbone is not valid JSON' in bad.stderr
+    assert main([str(src), str(tmp_path / 'x.pth'), '--backbone', '{oops']) == 2
+    assert '--backbone is not valid JSON' in capsys.readouterr().err
