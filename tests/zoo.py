@@ -175,7 +175,8 @@ ZOO: Dict[str, Entry] = {
                                  _vit(patch_size=14, img_size=56, layer_scale_init_value=1e-5,
                                       num_register_tokens=2, pos_embed_resize='bicubic-offset',
                                       adapter='interaction',
-                                      adapter_cfg=dict(num_heads=4, conv_inplane=8, n_points=2)),
+                                      adapter_cfg=dict(num_heads=4, conv_inplane=8, n_points=2,
+                                                       interaction_indexes=[(0, 2), (2, 4)])),
                                  out_channels=(64, 64, 64, 64)),
     # R50+ViT: ResNetV2 front end (StdConv, GroupNorm), ViT on its stride-16 map; all 4 levels.
     # GroupNorm has 32 groups: at least 64 channels (stem, bottleneck middles = channels / 4)
