@@ -433,3 +433,53 @@ def test_patch14_pyramid_keeps_the_pretrained_tokens(tmp_path, adapter):
         ours_tokens = model.seq_to_map(model.norm(seq), grid)
     want = hf_tokens(ref, F.pad(x, (0, 2, 0, 6)))
     assert max_rel_err(ours_tokens, want) <= 1e-5
+
+
+# --------------------------------------------------------------------------------- configs
+@pytest.mark.parametrize('rel', ['configs/mask_rcnn_vit_adapter_dinov2_b_coco_3x.py'])
+def test_dinov2_detector_config_trains_a_bf16_amp_step(rel):
+    """The DINOv2-B Mask R-CNN configs with the trunk narrowed (same patch 14, LayerScale, CLS,
+    windows + global blocks, layer-decay constructor): one optimisation step under our CPU
+    bf16 AMP wrapper (what ``tools/train.py --amp`` selects) on odd-size images changes the
+    trunk, its LayerScale included. (Building every config at full width and predicting:
+    tests/test_configs.py; the simple pyramid's AMP step on a patch-14 trunk: the zoo's
+    vit-p14-simple in tests/test_deploy_paths.py.)"""
+    pytest.importorskip('mmdet')
+    import os.path as osp
+
+    import mmvitswin  # noqa: F401
+    from mmdet.registry import MODELS as DET
+    from mmdet.testing import demo_mm_inputs
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import DefaultScope
+    from mmvitswin.openmmlab.engine.amp import apply_amp
+    from mmvitswin.openmmlab.engine.launch import replace_sync_bn
+
+    cfg = Config.fromfile(osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), rel))
+    replace_sync_bn(cfg.model)
+    bb = cfg.model.backbone
+    assert bb.arch == 'dinov2-b' and cfg.optim_wrapper.paramwise_cfg.num_layers == 12
+    # an arch dict carries the preset's other defaults too (patch, LayerScale, final norm)
+    bb.update(arch=dict(embed_dims=64, num_layers=4, num_heads=2, feedforward_channels=256,
+                        patch_size=14, layer_scale_init_value=1e-5, final_norm=True),
+              img_size=56, global_attn_indexes=(1, 3), init_cfg=None)
+    if bb.adapter == 'interaction':
+        bb.adapter_cfg.update(interaction_indexes=[(0, 2), (2, 4)], num_heads=2,
+                              conv_inplane=16)
+        cfg.model.neck.in_channels = [64] * 4
+    cfg.optim_wrapper.paramwise_cfg.num_layers = 4
+    apply_amp(cfg.optim_wrapper, cuda=False, dtype='bf16')
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = DET.build(cfg.model)
+        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert model.backbone.patch_size == 14 and model.backbone.layer_scale_init_value == 1e-5
+    data = demo_mm_inputs(2, image_shapes=[(3, 97, 123), (3, 128, 90)], num_items=[3, 2],
+                          num_classes=80, with_mask=True)
+    before = {n: p.detach().clone() for n, p in model.backbone.named_parameters()
+              if n in ('blocks.0.attn.qkv.weight', 'blocks.3.ls2.gamma')}
+    log = model.train_step(data, wrapper)
+    assert all(torch.isfinite(v).all() for v in log.values())
+    for name, value in before.items():
+        assert not torch.equal(value, model.backbone.get_parameter(name)), name
