@@ -5,7 +5,7 @@
 #   make test-fast the edit loop, under a minute on 2 cores: pytest -m "not slow" (no
 #                  subprocesses, training, benchmark tool or full-size reference parity;
 #                  the tiers are listed in tests/conftest.py)
-#   make bench     the standard speed/memory benchmark against mmdet's Swin
+#   make bench     the standard speed/memory benchmark against mmdet's, timm's and HF's Swin
 #   make test-compat  the suite on the oldest tested stack: $(COMPAT_VENV) with $(COMPAT_TORCH_SPEC),
 #                  Python 3.8, numpy<2 and mmcv $(MMCV_VERSION) compiled against that torch
 PYTHON ?= python3
@@ -98,7 +98,9 @@ test-compat: install-compat
 demo: install
 	$(BIN)/python tools/demo.py
 
+# timm is a benchmark peer only; --no-deps: its torchvision requirement would replace our torch.
 bench: install
+	$(BIN)/pip install --no-deps "timm==1.0.31"
 	$(BIN)/python tools/benchmark.py --preset standard --out-dir bench_out
 
 clean:
