@@ -19,6 +19,7 @@ from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA, b
                       resolve_indices, to_tuple, validate_stages)
 from ..utils import (ArgumentIndexError, ArgumentTypeError, ArgumentValueError, check_args,
                      check_dict, check_image_input, check_int_sequence, check_positive_int)
+from ..checkpoint.swin import SWIN_CHECKPOINTS
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -379,7 +380,6 @@ class SwinTransformer(TransformerBackbone):
 
     # ------------------------------------------------------------------------ checkpoints
     def checkpoint_family(self):
-        from ..checkpoint.swin import SWIN_CHECKPOINTS
         return SWIN_CHECKPOINTS
 
     # ----------------------------------------------------------------- layer-wise lr decay

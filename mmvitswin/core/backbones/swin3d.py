@@ -19,6 +19,7 @@ import torch.nn as nn
 from ..layers import (DropPath, FcNamedFFN, PatchEmbed, WindowAttention, build_act,
                       build_layer_norm, resolve_arch, resolve_indices, shifted_window_attention,
                       to_tuple, validate_stages, window_and_shift)
+from ..checkpoint.swin3d import SWIN3D_CHECKPOINTS
 from .base import TransformerBackbone
 from ..utils import ArgumentTypeError, check_image_input, check_positive_int
 from .swin import (ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS, SwinBlock, build_swin_stages,
@@ -222,5 +223,4 @@ class SwinTransformer3D(TransformerBackbone):
 
     # ------------------------------------------------------------------------ checkpoints
     def checkpoint_family(self):
-        from ..checkpoint.swin3d import SWIN3D_CHECKPOINTS
         return SWIN3D_CHECKPOINTS

@@ -33,6 +33,7 @@ import pickle
 import pickletools
 import struct
 import zipfile
+from urllib.parse import urlparse
 from collections import OrderedDict
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -196,7 +197,6 @@ def _dist_info() -> Tuple[int, int]:
 
 def hub_cache_path(url: str) -> str:
     """Where a checkpoint URL is cached: torch hub's ``checkpoints`` dir (mmengine's too)."""
-    from urllib.parse import urlparse
     return osp.join(torch.hub.get_dir(), 'checkpoints', osp.basename(urlparse(url).path))
 
 

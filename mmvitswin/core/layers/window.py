@@ -8,6 +8,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..validate import int_tuple
 from .switch import is_tracing
 
 Size = Tuple[int, ...]
@@ -16,7 +17,6 @@ Size = Tuple[int, ...]
 def to_tuple(value, ndim: int, name: str) -> Size:
     """Expand an int to ``ndim`` ints, or validate a sequence of ``ndim`` positive ints
     (TypeError / ValueError naming ``name``: :func:`mmvitswin.core.validate.int_tuple`)."""
-    from ..validate import int_tuple
     return int_tuple(name, value, ndim, low=1)
 
 

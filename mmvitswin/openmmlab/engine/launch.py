@@ -177,7 +177,7 @@ def init_distributed(launcher: str, cuda: Optional[bool] = None) -> None:
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if launcher != 'pytorch' or cuda:
         return
-    import torch.distributed as dist
+    dist = torch.distributed
     if dist.is_initialized():
         return
     missing = [k for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
