@@ -116,18 +116,20 @@ SLOW_TESTS = {
 
 # Per-test time limits (pytest-timeout): a hung test fails with its traceback instead of
 # stalling the run. Every slow test gets SLOW_TIMEOUT_S, or the figure of the first prefix of
-# SLOW_TIMEOUTS it matches; a test's own @pytest.mark.timeout(...) wins. The limits are several
-# times what the test takes on a loaded 2-core machine: they catch hangs, not slowness.
-# (The fast tier: setup.cfg's default `timeout`, if set.)
-SLOW_TIMEOUT_S = 300
+# SLOW_TIMEOUTS it matches; a test's own @pytest.mark.timeout(...) wins. The limits (fixture
+# setup included) are ~6-10x what a test takes alone on 2 cores, since a loaded machine
+# stretches wall time that much: they catch hangs, not slowness. (The fast tier: setup.cfg's
+# default `timeout`, if set.)
+SLOW_TIMEOUT_S = 600
 SLOW_TIMEOUTS = {
-    'tests/test_train_tools.py': 900,
-    'tests/test_demo_tools.py': 900,
-    'tests/test_benchmark_tool.py': 900,
-    'tests/test_amp_runner.py': 600,
-    'tests/test_configs.py::test_config_builds_and_predicts': 600,
-    'tests/test_swin_detector.py': 600,
-    'tests/test_deploy_paths.py::test_compile': 600,
+    'tests/test_train_tools.py': 1200,
+    'tests/test_demo_tools.py': 1200,
+    'tests/test_benchmark_tool.py': 1200,
+    'tests/test_amp_runner.py': 1200,
+    'tests/test_reliability_training.py': 1200,
+    'tests/test_configs.py::test_config_builds_and_predicts': 900,
+    'tests/test_swin_detector.py': 900,
+    'tests/test_deploy_paths.py::test_compile': 1200,  # the hybrid: ~100 CPU-s of tracing
 }
 
 
