@@ -247,11 +247,9 @@ def _pickles_parse(path: str, count: int = 5) -> bool:
     return True
 
 
-def check_checkpoint_file(path: str, source: Optional[str] = None) -> str:
-    """Classify a local checkpoint file before unpickling anything; return its kind
-    ('zip' or 'legacy'). Raises :class:`CheckpointError` naming the file for a missing,
-    empty, truncated or foreign file."""
-    source = source or path
+def _existing_file(path: str, source: str) -> int:
+    """The size of the non-empty local file ``path``; :class:`CheckpointError` naming
+    ``source`` when it is missing ('missing'), a directory or empty."""
     if not osp.exists(path):
         raise CheckpointNotFoundError(source, f'no such file ({osp.abspath(path)})')
     if osp.isdir(path):
@@ -260,6 +258,15 @@ def check_checkpoint_file(path: str, source: Optional[str] = None) -> str:
     if size == 0:
         raise CheckpointError(source, 'damaged', 'the file is empty (0 bytes): an interrupted '
                               'save or download?')
+    return size
+
+
+def check_checkpoint_file(path: str, source: Optional[str] = None) -> str:
+    """Classify a local checkpoint file before unpickling anything; return its kind
+    ('zip' or 'legacy'). Raises :class:`CheckpointError` naming the file for a missing,
+    empty, truncated or foreign file."""
+    source = source or path
+    size = _existing_file(path, source)
     with open(path, 'rb') as f:
         head = f.read(64)
     if head.startswith(b'PK\x03\x04'):
@@ -326,12 +333,7 @@ def check_safetensors_file(path: str, source: Optional[str] = None) -> Dict[str,
     checkpoint', 'missing') naming the file otherwise: the library's own errors on a truncated
     file do not say which file or why."""
     source = source or path
-    if not osp.exists(path):
-        raise CheckpointNotFoundError(source, f'no such file ({osp.abspath(path)})')
-    size = osp.getsize(path)
-    if size == 0:
-        raise CheckpointError(source, 'damaged', 'the file is empty (0 bytes): an interrupted '
-                              'save or download?')
+    size = _existing_file(path, source)
     with open(path, 'rb') as f:
         head = f.read(8)
         if len(head) < 8:
