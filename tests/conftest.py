@@ -71,6 +71,13 @@ SLOW_TESTS = {
     'tests/test_registry.py::test_swin_type_builds_our_class':
         'two fresh interpreters (import orders) for the 7 cases',
     'tests/test_core_standalone.py': 'a fresh interpreter without OpenMMLab builds the zoo',
+    'tests/test_no_patches.py': 'a fresh interpreter imports mmvitswin (and builds the CPU AMP '
+        'wrapper)',
+    'tests/test_checkpoint_formats.py::test_swin_t_sized_hf_snapshot_matches':
+        'Swin-T-sized HF SwinBackbone side by side',
+    'tests/test_dinov2.py::test_dinov2_detector_config_trains_a_bf16_amp_step':
+        'a bf16 training step of a whole DINOv2 Mask R-CNN',
+    'tests/test_dinov2.py::test_released_size_dinov2_s': 'a released-size DINOv2-S beside HF\'s',
     'tests/test_amp_runner.py::test_train_amp_on_cpu_runs_bf16_through_the_runner':
         'tools/train.py in a subprocess',
     'tests/test_amp_runner.py::test_test_amp_evaluates_in_bf16': 'tools/test.py in a subprocess',
