@@ -171,6 +171,15 @@ def test_module_matches_mmcv_module_interface():
     torch.testing.assert_close(ours(feat, rois), ref(feat, rois), atol=2e-5, rtol=1e-4)
 
 
+@pytest.fixture
+def mmdet_scope():
+    """Build under mmdet's scope whatever default scope an earlier test's runner left current
+    (MMEngine keeps the last created DefaultScope process-wide)."""
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        yield
+
+
 def _extractors(layer, out):
     from mmdet.registry import MODELS
     common = dict(out_channels=16, featmap_strides=[4, 8, 16, 32])
@@ -183,7 +192,7 @@ def _extractors(layer, out):
     return ours, ref
 
 
-def test_extractor_matches_mmdet_single_roi_extractor_on_every_level():
+def test_extractor_matches_mmdet_single_roi_extractor_on_every_level(mmdet_scope):
     ours, ref = _extractors('SeparableRoIAlign', 7)
     assert all(isinstance(m, SeparableRoIAlign) for m in ours.roi_layers)
     g = torch.Generator().manual_seed(2)
@@ -200,7 +209,7 @@ def test_extractor_matches_mmdet_single_roi_extractor_on_every_level():
         torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
 
 
-def test_extractor_still_builds_mmcv_layers_by_name():
+def test_extractor_still_builds_mmcv_layers_by_name(mmdet_scope):
     from mmcv.ops import RoIAlign
     ours, _ = _extractors('RoIAlign', 14)
     assert all(type(m) is RoIAlign for m in ours.roi_layers)
@@ -212,7 +221,7 @@ def _level_feats(g, channels=16, extent=640, dtype=torch.float32):
             .requires_grad_() for s in (4, 8, 16, 32)]
 
 
-def test_extractor_roi_scale_factor_single_level_and_unused_levels_match_mmdet():
+def test_extractor_roi_scale_factor_single_level_and_unused_levels_match_mmdet(mmdet_scope):
     from mmdet.registry import MODELS
     ours, ref = _extractors('SeparableRoIAlign', 7)
     g = torch.Generator().manual_seed(4)
@@ -237,7 +246,7 @@ def test_extractor_roi_scale_factor_single_level_and_unused_levels_match_mmdet()
                                atol=2e-5, rtol=1e-4)
 
 
-def test_extractor_pools_bf16_features_at_the_fp32_boxes():
+def test_extractor_pools_bf16_features_at_the_fp32_boxes(mmdet_scope):
     """mmdet's extractor casts the boxes to the features' dtype (``rois.type_as(feats[0])``);
     in bf16 a coordinate near 600 moves by up to 2 pixels. Ours pools at the boxes as given:
     its bf16 output is the exact (fp32) pooling rounded once, while pooling at the rounded
