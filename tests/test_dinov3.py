@@ -388,41 +388,6 @@ def test_amp_is_finite_and_close_to_fp32(gated, dtype):
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.slow
-def test_compile_dynamic_two_sizes_without_recompiling():
-    from mmvitswin.core.compat import COMPILE_DYNAMIC_OK
-    if not COMPILE_DYNAMIC_OK:
-        pytest.skip('torch.compile(dynamic=True) needs a newer torch')
-    import torch._dynamo
-    torch._dynamo.reset()
-    model = small(ffn_type='swiglu').eval()
-    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend='eager')
-    with torch.no_grad():
-        for i, size in enumerate([(45, 77), (37, 53)]):
-            x = torch.randn(2, 3, *size)
-            if i:
-                with torch._dynamo.config.patch(error_on_recompile=True):
-                    got = compiled(x)
-            else:
-                got = compiled(x)
-            assert max_rel_err(got[0], model(x)[0]) < 1e-4
-
-
-@pytest.mark.slow
-def test_onnx_export_runs_at_another_size(tmp_path):
-    from mmvitswin.core.compat import HAS_DYNAMO_ONNX_EXPORT
-    if not HAS_DYNAMO_ONNX_EXPORT:
-        pytest.skip('torch.onnx.export(dynamo=True) needs torch >= 2.5')
-    pytest.importorskip('onnxruntime')
-    pytest.importorskip('onnxscript')
-    from mmvitswin.core.deploy import compare_onnx, export_onnx
-    model = small(ffn_type='swiglu').eval()
-    path = str(tmp_path / 'dinov3.onnx')
-    export_onnx(model, torch.randn(2, 3, 45, 77), path)
-    errors = compare_onnx(model, path, torch.randn(3, 3, 37, 53))
-    assert max(errors) < 1e-4, errors
-
-
 # ----------------------------------------------------------------------------- configs
 def _config(rel):
     pytest.importorskip('mmengine')

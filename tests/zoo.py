@@ -182,22 +182,18 @@ ZOO: Dict[str, Entry] = {
     # GroupNorm has 32 groups: at least 64 channels (stem, bottleneck middles = channels / 4)
     # keep 2 values per group on a 1-pixel input, as in R50 itself.
     # SAM's image encoder: no CLS token, windows + global blocks with decomposed rel-pos,
-    # SAM's conv neck (one stride-16 map). Compile and ONNX: tests/test_sam.py.
+    # SAM's conv neck (one stride-16 map).
     'vit-sam-neck': Entry(ViTAdapter,
                           _vit(with_cls_token=False, window_size=3, global_attn_indexes=(1, 3),
                                use_rel_pos=True, neck='sam', neck_cfg=dict(out_channels=32)),
-                          out_channels=(32, ), out_strides=(16, ),
-                          skip=dict(compile='tests/test_sam.py compiles the same trunk',
-                                    onnx='tests/test_sam.py exports the same trunk')),
+                          out_channels=(32, ), out_strides=(16, )),
     # DINOv3: 2-D RoPE on every (global) block, no absolute pos-embed, CLS + 4 registers,
-    # LayerScale, SwiGLU, final norm. Compile and ONNX: tests/test_dinov3.py.
+    # LayerScale, SwiGLU, final norm.
     'vit-dinov3': Entry(ViTAdapter,
                         _vit(rope_theta=100.0, abs_pos_embed=False, num_register_tokens=4,
                              layer_scale_init_value=1e-5, ffn_type='swiglu', final_norm=True,
                              out_indices=(1, 3)),
-                        out_channels=(64, 64), out_strides=(16, 16),
-                        skip=dict(compile='tests/test_dinov3.py compiles the same trunk',
-                                  onnx='tests/test_dinov3.py exports the same trunk')),
+                        out_channels=(64, 64), out_strides=(16, 16)),
     'hybrid': Entry(HybridViT,
                     dict(arch=dict(embed_dims=64, num_layers=2, num_heads=4,
                                    feedforward_channels=128),
