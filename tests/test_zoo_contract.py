@@ -16,6 +16,7 @@ import warnings
 import pytest
 import torch
 
+from conftest import max_rel_err
 from zoo import ZOO, as_tuple, create_model, example_input, expected_shapes, params
 
 
@@ -33,8 +34,11 @@ def test_shapes_at_odd_sizes_and_one_pixel_and_batch_independence(name):
             first = as_tuple(model(x[:1]))
         assert [tuple(o.shape) for o in outs] == expected_shapes(name, x.shape), size
         assert all(o.dtype == x.dtype and torch.isfinite(o).all() for o in outs), size
+        # relative to each map's scale: at 1 px a ResNet stem's fp32 rounding differs between
+        # batch sizes by ~4e-5 of the map (oneDNN picks its kernels by batch); a sample that
+        # sees the rest of its batch is off by orders of magnitude more
         for a, b in zip(outs, first):
-            torch.testing.assert_close(a[:1], b, rtol=1e-4, atol=1e-5)
+            assert a[:1].shape == b.shape and max_rel_err(a[:1], b) < 2e-4, size
 
 
 @pytest.mark.parametrize('name', params('gradients'))
