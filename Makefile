@@ -1,7 +1,7 @@
 # mmvitswin: one-command environment, demo, tests and benchmark.
 #   make install   .venv from nothing: torch ($(TORCH_SPEC)), mmcv $(MMCV_VERSION) compiled with ops, mmvitswin[openmmlab,tests,deploy]
 #   make demo      train + evaluate Mask R-CNN Swin on the generated "shapes" data
-#   make test      the whole pytest suite (what CI runs)
+#   make test      the whole pytest suite (what CI runs), one worker per core (TEST_JOBS)
 #   make test-fast the edit loop, under a minute on 2 cores: pytest -m "not slow" (no
 #                  subprocesses, training, benchmark tool or full-size reference parity;
 #                  the tiers are listed in tests/conftest.py)
@@ -79,8 +79,11 @@ reinstall-mmcv:
 	rm -f $(STAMP)/mmcv $(STAMP)/package
 	$(MAKE) install
 
+# One worker per core (pytest-xdist, at most TEST_JOBS), each with one intra-op thread: the slowest
+# tests trace models for torch.compile / ONNX export, which is single-threaded Python.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=25 tests
 
 # One intra-op thread: the fast tier is many small ops (tests/conftest.py, MMVITSWIN_TEST_THREADS).
 test-fast: install

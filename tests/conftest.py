@@ -11,8 +11,10 @@ if ROOT not in sys.path:
 # MMVITSWIN_TEST_THREADS: intra-op threads for the tests (default up to 2). `make test-fast`
 # sets 1: its tests run thousands of small ops, where thread hand-offs cost more than they
 # gain (several times more on a machine whose cores are busy with other work).
+# Under pytest-xdist (`make test`: one worker per core) each worker gets its share of the cores.
+_WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT') or 1)
 torch.set_num_threads(int(os.environ.get('MMVITSWIN_TEST_THREADS') or
-                          max(1, min(2, os.cpu_count() or 1))))
+                          max(1, min(2, (os.cpu_count() or 1) // _WORKERS))))
 
 
 @pytest.fixture(autouse=True)

@@ -154,7 +154,8 @@ class WindowAttention(Attention):
         ``n`` smaller than the full window (a window clamped to a small input) uses the leading
         ``n x n`` block of the index, as mmaction2's video Swin does.
         """
-        index = self.relative_position_index[:n, :n].reshape(-1)
+        # narrow, not ``[:n, :n]``: the length stays ``n`` under compile (a slice's is min(n, N))
+        index = self.relative_position_index.narrow(0, 0, n).narrow(1, 0, n).reshape(-1)
         bias = self.relative_position_bias_table.index_select(0, index).view(n, n, -1)
         return bias.permute(2, 0, 1)
 

@@ -10,7 +10,7 @@ import torch.nn as nn
 from ..compat import get_autocast_dtype, is_autocast_enabled
 from .attention import WindowAttention
 from .switch import is_tracing
-from .window import ceil_div, effective_window, shift_window_mask, window_gather_index
+from .window import effective_window, padded_size, shift_window_mask, window_gather_index
 
 
 def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int, ...]):
@@ -27,7 +27,7 @@ def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int
         n *= w
     gather, valid, scatter = window_gather_index(spatial, window, shift, x.device)
     windows = x.reshape(b, -1, c).index_select(1, gather)
-    padded = tuple(ceil_div(s, w) * w for s, w in zip(spatial, window))
+    padded = tuple(padded_size(s, w) for s, w in zip(spatial, window))
     if is_tracing() or padded != spatial:
         # in place: index_select's output is new, and its backward does not read it
         windows = windows.masked_fill_(~valid[:, None], 0.)

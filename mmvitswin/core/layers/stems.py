@@ -37,9 +37,16 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> Tupl
     goes *after* (bottom/right). That asymmetry is what the ported Google hybrid weights were
     trained with; a symmetric PyTorch padding would move the sampling grid off theirs.
     """
-    out = ceil_div(size, stride)
-    # torch.sym_max: no branch on the size while tracing (it is plain max() on ints)
-    total = torch.sym_max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    span = (kernel - 1) * dilation + 1
+    if span == 1:  # a 1x1 window at any stride: ceil(size / stride) cells need no padding
+        return 0, 0
+    # (ceil(size / stride) - 1) * stride lies in [size - stride, size - 1], so the total below
+    # is >= span - stride: never negative when the window spans the stride (every stem conv
+    # and pool), and then no max() is needed, which keeps a traced size's expression plain
+    # (a symbolic max nested through the stem slows compile and export by minutes)
+    total = (ceil_div(size, stride) - 1) * stride + span - size
+    if span < stride:  # torch.sym_max: no branch on the size while tracing
+        total = torch.sym_max(total, 0)
     return total // 2, total - total // 2
 
 

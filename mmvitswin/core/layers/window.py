@@ -22,8 +22,27 @@ def to_tuple(value, ndim: int, name: str) -> Size:
 
 def ceil_div(size, divisor: int):
     """``ceil(size / divisor)`` for sizes >= 0, with floor division of non-negative numbers
-    only: ONNX's integer division truncates, so the usual ``-(-a // b)`` exports wrongly."""
+    only: ONNX's integer division truncates, so the usual ``-(-a // b)`` exports wrongly.
+
+    A ``divisor`` that *is* ``size`` (a window clamped to its input, :func:`effective_window`)
+    gives 1 without arithmetic: on a traced size (2s - 1) // s does not simplify to 1, and
+    every shape derived from it would carry that expression into compile's and export's shape
+    checks (minutes of tracing for a video Swin)."""
+    if divisor is size:
+        return 1
     return (size + divisor - 1) // divisor
+
+
+def padded_size(size, window):
+    """``size`` rounded up to a multiple of ``window`` (``size`` itself where the window is the
+    size: see :func:`ceil_div`)."""
+    return size if window is size else ceil_div(size, window) * window
+
+
+def cells_of(padded, window):
+    """Windows along a dim of ``padded`` size (a multiple of ``window``): 1 where the window is
+    the size itself (see :func:`ceil_div`)."""
+    return 1 if window is padded else padded // window
 
 
 def pad_amount(size, multiple: int):
@@ -63,7 +82,7 @@ def window_partition(x: torch.Tensor, window: Size) -> torch.Tensor:
     nd = len(window)
     shape = [b]
     for s, w in zip(spatial, window):
-        shape += [s // w, w]
+        shape += [cells_of(s, w), w]
     x = x.view(*shape, c)
     grid_dims = [1 + 2 * i for i in range(nd)]
     win_dims = [2 + 2 * i for i in range(nd)]
@@ -78,7 +97,7 @@ def window_reverse(windows: torch.Tensor, window: Size, spatial: Size) -> torch.
     """Inverse of :func:`window_partition`: ``(B * nW, prod(window), C) -> (B, *spatial, C)``."""
     c = windows.shape[-1]
     nd = len(window)
-    grid = [s // w for s, w in zip(spatial, window)]
+    grid = [cells_of(s, w) for s, w in zip(spatial, window)]
     x = windows.view(-1, *grid, *window, c)
     order = [0]
     for i in range(nd):
@@ -165,17 +184,18 @@ def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.
     ``(P / w, w)``, are exactly (window-grid cell, offset in window).
     """
     nd = len(spatial)
-    padded = [ceil_div(s, w) * w for s, w in zip(spatial, window)]
+    cells = [ceil_div(s, w) for s, w in zip(spatial, window)]
+    padded = [padded_size(s, w) for s, w in zip(spatial, window)]
     # Forward: a grid (G_0, .., G_{nd-1}, w_0, .., w_{nd-1}) in window order.
     flat = torch.zeros((), dtype=torch.long, device=device)
     valid = torch.ones((), dtype=torch.bool, device=device)
-    for axis, (s, w, h, p) in enumerate(zip(spatial, window, shift, padded)):
+    for axis, (s, w, h, p, g) in enumerate(zip(spatial, window, shift, padded, cells)):
         real = F.pad(torch.ones(s, dtype=torch.bool, device=device), (0, p - s))
         order = _rolled_arange(p, h, device)
-        coord = order.view(p // w, w)  # (cell, offset) -> padded position
-        is_real = real[order].view(p // w, w)
+        coord = order.view(g, w)  # (cell, offset) -> padded position
+        is_real = real[order].view(g, w)
         view = [1] * (2 * nd)
-        view[axis], view[nd + axis] = p // w, w
+        view[axis], view[nd + axis] = g, w
         valid = valid & is_real.view(view)
         flat = flat * s + coord.view(view)
     gather = flat.masked_fill(~valid, 0).reshape(-1)
@@ -185,12 +205,14 @@ def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.
         n *= w
     cell_index = torch.zeros((), dtype=torch.long, device=device)
     offset_index = torch.zeros((), dtype=torch.long, device=device)
-    for axis, (s, w, h, p) in enumerate(zip(spatial, window, shift, padded)):
-        pos = torch.arange(p, device=device)
-        # where padded position y went in the rolled order: (y - h) mod p
-        rolled = (torch.cat([pos[p - h:], pos[:p - h]]) if h else pos)[:s]
+    for axis, (s, w, h, p, g) in enumerate(zip(spatial, window, shift, padded, cells)):
+        # where real position y < s went in the rolled order: (y - h) mod p, written so that
+        # the length stays the plain ``s`` (a slice ``[:s]`` of a length-``p`` tensor has the
+        # symbolic length min(s, p), which makes every later shape check under compile slow)
+        pos = torch.arange(s, device=device)
+        rolled = pos - h + (pos < h).long() * p if h else pos
         rolled = _grid_view(rolled, axis, nd)
-        cell_index = cell_index * (p // w) + rolled // w
+        cell_index = cell_index * g + rolled // w
         # (no ``%``: a window clamped to a traced input is itself symbolic, and ONNX has no
         # remainder by a symbolic divisor; positions are >= 0, so this is the same)
         offset_index = offset_index * w + (rolled - rolled // w * w)
@@ -204,6 +226,13 @@ def effective_window(spatial: Size, window: Size, shift: Size) -> Tuple[Size, Si
     Used by the video Swin (as mmaction2 does); the 2-D Swin keeps mmdet's behaviour of padding
     small inputs up to a full window instead.
     """
-    win = tuple(min(s, w) for s, w in zip(spatial, window))
-    sh = tuple(0 if s <= w else h for s, w, h in zip(spatial, window, shift))
-    return win, sh
+    win, sh = [], []
+    for s, w, h in zip(spatial, window, shift):
+        # one comparison per dim, not ``min(s, w)``: on a traced size ``min`` would turn the
+        # window into a symbolic min(s, w) that every later shape check has to reason about
+        # (minutes of compile time); ``s <= w`` is a guard the shift needs anyway, and the
+        # window is then either the constant ``w`` or the input's own size
+        covered = s <= w
+        win.append(s if covered else w)
+        sh.append(0 if covered else h)
+    return tuple(win), tuple(sh)
