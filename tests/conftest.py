@@ -77,8 +77,8 @@ SLOW_TESTS = {
         'wrapper)',
     'tests/test_checkpoint_formats.py::test_swin_t_sized_hf_snapshot_matches':
         'Swin-T-sized HF SwinBackbone side by side',
-    'tests/test_dinov2.py::test_dinov2_detector_config_trains_a_bf16_amp_step':
-        'a bf16 training step of a whole DINOv2 Mask R-CNN',
+    'tests/test_foundation_configs.py':
+        'two bf16 training steps of each DINOv2/DINOv3/SAM Mask R-CNN and UPerNet config',
     'tests/test_dinov2.py::test_released_size_dinov2_s': 'a released-size DINOv2-S beside HF\'s',
     'tests/test_amp_runner.py::test_train_amp_on_cpu_runs_bf16_through_the_runner':
         'tools/train.py in a subprocess',
