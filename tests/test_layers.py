@@ -263,3 +263,26 @@ def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(
             assert linear(x, weight, bias).dtype == torch.bfloat16
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize('tokens', [64, 640])
+def test_bf16_cpu_attention_uses_sdpa_only_for_long_sequences(tokens, monkeypatch):
+    """bf16 on CPU: the fused SDPA kernel from SDPA_BF16_CPU_MIN_TOKENS tokens on, the explicit
+    form below; either way the output is the fp32 attention's to bf16 precision."""
+    from mmvitswin.core.layers import attention as attention_mod
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention_mod.F, 'scaled_dot_product_attention', counting)
+    attn = attention_mod.Attention(64, 4).eval()
+    x = torch.randn(2, tokens, 64)
+    with torch.no_grad():
+        want = attn(x)
+        calls.clear()
+        got = attn.to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert bool(calls) == (tokens >= attention_mod.SDPA_BF16_CPU_MIN_TOKENS)
+    assert got.dtype == torch.bfloat16 and max_rel_err(got.float(), want) < 3e-2

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..compat import get_autocast_dtype, is_autocast_enabled
 from .linear import Linear
+from .switch import is_tracing
 from .window import relative_position_index
 
 
@@ -33,11 +34,21 @@ def _runs_in_fp16(q: torch.Tensor) -> bool:
             and get_autocast_dtype(device) == torch.float16)
 
 
+# bf16 on CPU: from this many tokens per sequence on, SDPA's fused kernel (no N x N logits in
+# memory) is used; below it the explicit form (docs/benchmarks.md, "Attention in bf16").
+SDPA_BF16_CPU_MIN_TOKENS = 512
+
+
 def _sdpa_pays(q: torch.Tensor) -> bool:
-    """Whether ``F.scaled_dot_product_attention`` beats the explicit form for ``q``: not for
-    bf16 on CPU, where its fused kernel is about 1.4x slower than matmul + softmax on
-    window-sized sequences (2-core AVX-512/AMX, torch 2.13; fp32 is the other way round)."""
-    return not (q.dtype == torch.bfloat16 and q.device.type == 'cpu')
+    """Whether ``F.scaled_dot_product_attention`` beats the explicit form for ``q``. Always,
+    except bf16 on CPU at window-sized sequences, where its fused kernel was measured about
+    1.4x slower than matmul + softmax (2-core AVX-512, torch 2.13); for global attention over
+    ``SDPA_BF16_CPU_MIN_TOKENS`` tokens or more it is about 3x faster (2-core Intel Xeon with
+    AMX, 576-2000 tokens), as it never holds the N x N logits. While tracing, the explicit
+    form (a size-dependent choice would be a guard, and a recompile where sizes cross it)."""
+    if not (q.dtype == torch.bfloat16 and q.device.type == 'cpu'):
+        return True
+    return not is_tracing() and q.shape[-2] >= SDPA_BF16_CPU_MIN_TOKENS
 
 
 class Attention(nn.Module):
