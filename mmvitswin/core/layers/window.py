@@ -51,7 +51,7 @@ def pad_amount(size, multiple: int):
     No ``%`` on the size: on a traced (symbolic) size it ends up inside the float expressions
     of later resizes, which torch's scalar passes cannot handle.
     """
-    return ceil_div(size, multiple) * multiple - size
+    return padded_size(size, multiple) - size
 
 
 def pad_to_multiple(x: torch.Tensor, multiple: Size) -> Tuple[torch.Tensor, Size]:
