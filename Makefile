@@ -96,7 +96,7 @@ install-compat:
 		TORCH_SPEC="$(COMPAT_TORCH_SPEC)" PYTHON="$(COMPAT_PYTHON)"
 
 test-compat: install-compat
-	$(COMPAT_VENV)/bin/python -m pytest -q tests
+	$(COMPAT_VENV)/bin/python -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=25 tests
 
 demo: install
 	$(BIN)/python tools/demo.py
