@@ -296,6 +296,36 @@ def test_channels_last_mask_heads_keeps_the_mask_logits(tool):
     assert tool.channels_last_mask_heads(model) == 0  # already converted
 
 
+def test_plain_and_fast_flags_force_the_switch_during_the_call(tool):
+    """' plain' / ' fast' run a variant with the layers' fast path forced off / on (an A/B of
+    the switch in one process) and put the switch back as it was after each call."""
+    from mmvitswin.core.layers import fast_path_active, set_fast_path, switch
+    probe = torch.zeros(2)
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(fast_path_active(probe))
+            return [x]
+    device = torch.device('cpu')
+    previous = set_fast_path(None)
+    try:
+        for name, expected in (('ours fp32 plain', False), ('ours fp32 fast', True)):
+            for setting in (None, True, False):
+                set_fast_path(setting)
+                tool.make_variant_call('forward', Probe(), name, device)(torch.zeros(1, 3, 4, 4))
+                assert seen.pop() is expected, (name, setting)
+                assert switch._enabled is setting  # restored after the call
+        set_fast_path(False)
+        tool.make_variant_call('forward', Probe(), 'ours fp32', device)(torch.zeros(1, 3, 4, 4))
+        assert seen.pop() is False  # no flag: the switch as it is
+    finally:
+        set_fast_path(previous)
+    info = tool.machine_info(device)
+    assert info['fast_path'] == switch.fast_path_setting()
+    assert info['cpu_capability'] == switch.cpu_capability()
+
+
 def test_only_and_skip_select_rows_by_label(tool):
     case = dict(model='swin_tiny_test', kind='forward', scale=0.1, count=1, rows=[
         ['tiny compiled', 'ours fp32 compiled', 'ref fp32', 'time']])

@@ -135,24 +135,33 @@ def fast_path_on():
     set_fast_path(previous)
 
 
-def test_fast_path_default_follows_the_cpu_vendor(monkeypatch):
+def test_fast_path_default_follows_the_cpu_vendor_and_isa(monkeypatch):
     from mmvitswin.core.layers import switch
     x = torch.randn(3, 5, 16)
     previous = set_fast_path(None)
     try:
-        for vendor, on in (('AuthenticAMD', True), ('HygonGenuine', True),
-                           ('GenuineIntel', False), ('', False)):
+        for vendor, isa, on in (('AuthenticAMD', 'AVX2', True), ('HygonGenuine', 'AVX2', True),
+                                ('AuthenticAMD', 'AVX512', False),  # Zen 4 (docs/benchmarks.md)
+                                ('GenuineIntel', 'AVX2', False), ('GenuineIntel', 'AVX512', False),
+                                ('', 'AVX2', False)):
             monkeypatch.setattr(switch, '_vendor', vendor)
+            monkeypatch.setattr(switch, 'cpu_capability', lambda isa=isa: isa)
             assert switch.fast_path_pays_here() is on and fast_path_active(x) is on
+            assert switch.fast_path_setting() == f"auto ({'on' if on else 'off'})"
         monkeypatch.setattr(switch, '_vendor', 'AuthenticAMD')
+        monkeypatch.setattr(switch, 'cpu_capability', lambda: 'AVX2')
         assert set_fast_path(False) is None and not fast_path_active(x)  # forced off on AMD
+        assert switch.fast_path_setting() == 'off'
         monkeypatch.setattr(switch, '_vendor', 'GenuineIntel')
         set_fast_path(True)
-        assert fast_path_active(x)  # forced on on Intel
+        assert fast_path_active(x) and switch.fast_path_setting() == 'on'  # forced on on Intel
     finally:
         set_fast_path(previous)
+    monkeypatch.undo()
     monkeypatch.setattr(switch, '_vendor', None)
     assert isinstance(switch.cpu_vendor(), str)  # read again from this machine
+    if hasattr(getattr(torch.backends, 'cpu', None), 'get_cpu_capability'):  # torch >= 2.1
+        assert switch.cpu_capability() == torch.backends.cpu.get_cpu_capability()
     with pytest.raises(TypeError, match='enabled'):
         set_fast_path('yes')
 

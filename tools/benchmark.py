@@ -52,6 +52,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from mmvitswin.core import compat  # noqa: E402  (torch-version differences: autocast)
+from mmvitswin.core.layers import set_fast_path, switch  # noqa: E402
 
 MIB = 2**20
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
@@ -97,7 +98,9 @@ BACKBONES = {  # name -> our backbone config (frames: video input (B, 3, T, H, W
 # into the backbone config).
 # A variant is 'ours'|'ref' + dtype, then optional flags: ' cp' (with_cp=True), ' compiled'
 # (compile_blocks), ' sep' (whole detectors: RoI layers -> SeparableRoIAlign), ' nhwc' (whole
-# detectors: FCNMaskHead -> ChannelsLastFCNMaskHead); 'bf16' follows --dtype. --compile adds
+# detectors: FCNMaskHead -> ChannelsLastFCNMaskHead), ' plain' / ' fast' (our layers' special
+# fast path forced off / on while the variant runs, whatever MMVITSWIN_FAST_PATH says: an A/B
+# of the switch in one process); 'bf16' follows --dtype. --compile adds
 # ' compiled' to every variant.
 _SWIN = dict(model='swin_t', scale=0.4, batch=1)
 
@@ -363,7 +366,7 @@ def _peak_child() -> int:
     peaks = {}
     for name in spec['names']:
         model = subject.variant(name)
-        call = make_call(spec['case']['kind'], model, name.split()[1], device)
+        call = make_variant_call(spec['case']['kind'], model, name, device)
         call(subject.make_input(tuple(spec['warmup']), 0))
         x = subject.make_input(tuple(spec['size']), spec['index'])
         peaks[name] = peak_bytes(lambda: call(x), device)
@@ -386,6 +389,9 @@ def machine_info(device) -> dict:
     else:
         from mmvitswin.openmmlab.engine.amp import cpu_bf16_support
         info['cpu_bf16'] = cpu_bf16_support()[1]
+        info['cpu_capability'] = switch.cpu_capability()
+    # what the layers' fast path does for variants without ' plain' / ' fast'
+    info['fast_path'] = switch.fast_path_setting()
     try:
         import subprocess
         info['commit'] = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT,
@@ -675,6 +681,24 @@ def optim_wrapper(model: nn.Module, dtype: str, device):
     return OPTIM_WRAPPERS.build(cfg)
 
 
+def make_variant_call(kind: str, model: nn.Module, name: str, device):
+    """:func:`make_call` for variant ``name``, run with the fast path forced off (' plain') or
+    on (' fast') where the name says so, the switch's previous setting restored after."""
+    call = make_call(kind, model, name.split()[1], device)
+    flags = name.split()[2:]
+    forced = True if 'fast' in flags else False if 'plain' in flags else None
+    if forced is None:
+        return call
+
+    def switched(x):
+        previous = set_fast_path(forced)
+        try:
+            return call(x)
+        finally:
+            set_fast_path(previous)
+    return switched
+
+
 def make_call(kind: str, model: nn.Module, dtype: str, device):
     """The timed work of one variant: ``call(input)``."""
     if kind in ('forward', 'rss'):
@@ -722,7 +746,7 @@ def run_case(case: dict, args, device) -> dict:
     for name in names:
         model = subject.variant(name)
         if model is not None:
-            calls[name] = make_call(case['kind'], model, name.split()[1], device)
+            calls[name] = make_variant_call(case['kind'], model, name, device)
     record = dict(case=case, sizes=sizes, variants={n: dict(first=[], again=[]) for n in calls})
 
     def run(name, fn):
@@ -1519,7 +1543,9 @@ def render(report: dict) -> str:
     m, rows = report['machine'], [r for c in report['cases'] for r in c.get('rows', [])]
     lines = [f"# mmvitswin benchmark ({report['preset']})", '',
              f"{m['cpu']}, {m['cpus']} usable CPUs, {m['threads']} torch threads, "
-             f"device {m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}; torch {m['torch']}, "
+             f"device {m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}"
+             f"{'; torch CPU capability ' + m['cpu_capability'] if m.get('cpu_capability') else ''}"
+             f"; fast path {m.get('fast_path', '?')}; torch {m['torch']}, "
              f"mmdet {m['mmdet']}, mmseg {m['mmseg']}; commit {m.get('commit')}; "
              f"load average {m['load_average'][0]:.1f} at start, "
              f"{report['load_average_end'][0]:.1f} at end; {report['wall_s']:.0f} s.", '']

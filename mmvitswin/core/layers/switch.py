@@ -13,12 +13,15 @@ set of kernels whatever the input sizes), forward and backward, with the FFN's t
 chunk by chunk in inference.
 
 By default (``auto``) the switch is on only on CPUs where the fast path measured faster: AMD's
-and Hygon's x86 CPUs. There PyTorch's fp32 GEMM (MKL) runs the transformer's
-thin layers at about half oneDNN's speed; on Intel CPUs MKL is as fast, and the plain path
-measured faster (Swin-T fp32 train step 1.07x mmdet's against 0.69x with the fast path, a new
-size per call, 2-core Xeon with AMX). ``set_fast_path(True/False)`` (or ``MMVITSWIN_FAST_PATH=1``
-/ ``0`` in the environment) forces it on or off; ``set_fast_path(None)`` (``auto``) goes back
-to the default.
+and Hygon's x86 CPUs without AVX-512 (torch's CPU capability ``AVX2``). There PyTorch's fp32
+GEMM (MKL) runs the transformer's thin layers at about half oneDNN's speed (Swin-T fp32 train
+step 1.30-1.35x mmdet's with the fast path against 1.04x without, 2-core AMD EPYC with AVX2).
+On Intel CPUs MKL is as fast, and the plain path measured faster (train step 1.07x mmdet's
+against 0.69x with the fast path, 2-core Xeon with AMX); on AMD's Zen 4 (AVX-512) the fast
+path made the fp32 forward and train step 12-15 % slower than the plain ops (0.85-0.88x,
+``tools/benchmark.py`` variants ``' fast'`` against ``' plain'``, a new size per call).
+``set_fast_path(True/False)`` (or ``MMVITSWIN_FAST_PATH=1`` / ``0`` in the environment) forces
+it on or off; ``set_fast_path(None)`` (``auto``) goes back to the default.
 """
 import os
 import platform
@@ -56,9 +59,24 @@ def cpu_vendor() -> str:
     return _vendor
 
 
+def cpu_capability() -> str:
+    """The vector ISA torch's CPU kernels were dispatched for here (``'AVX512'``, ``'AVX2'``,
+    ...; torch.backends.cpu.get_cpu_capability), '' where this torch cannot say."""
+    get = getattr(getattr(torch.backends, 'cpu', None), 'get_cpu_capability', None)
+    return get() if get is not None else ''
+
+
 def fast_path_pays_here() -> bool:
-    """What ``auto`` decides: True on x86 CPUs of AMD and Hygon (module doc)."""
-    return cpu_vendor() in ('AuthenticAMD', 'HygonGenuine')
+    """What ``auto`` decides: True on x86 CPUs of AMD and Hygon without AVX-512 (module doc)."""
+    return (cpu_vendor() in ('AuthenticAMD', 'HygonGenuine')
+            and not cpu_capability().startswith('AVX512'))
+
+
+def fast_path_setting() -> str:
+    """``'on'``/``'off'`` as forced, or ``'auto (on)'``/``'auto (off)'`` as decided here."""
+    if _enabled is not None:
+        return 'on' if _enabled else 'off'
+    return 'auto (on)' if fast_path_pays_here() else 'auto (off)'
 
 
 def set_fast_path(enabled: Optional[bool]) -> Optional[bool]:
