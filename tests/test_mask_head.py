@@ -24,11 +24,11 @@ UPSAMPLES = {
 
 
 def heads(num_convs=2, upsample='deconv2', class_agnostic=False, in_channels=8, channels=8,
-          num_classes=3, dtype=torch.float64):
+          num_classes=3, dtype=torch.float64, norm_cfg=None):
     """(our head, mmdet's head) with the same kwargs and our weights loaded from mmdet's."""
     kwargs = dict(num_convs=num_convs, in_channels=in_channels, conv_out_channels=channels,
                   num_classes=num_classes, class_agnostic=class_agnostic,
-                  upsample_cfg=dict(UPSAMPLES[upsample]))
+                  upsample_cfg=dict(UPSAMPLES[upsample]), norm_cfg=norm_cfg)
     ref = FCNMaskHead(**kwargs)
     with torch.no_grad():  # random weights and nonzero biases, so a misplaced one shows
         for name, p in ref.named_parameters():
@@ -135,7 +135,21 @@ def test_is_subpixel_rejects_other_layers(layer):
 @pytest.mark.parametrize('upsample', list(UPSAMPLES))
 @pytest.mark.parametrize('num_convs', [0, 2, 4])
 def test_head_matches_fcn_mask_head(num_convs, upsample, class_agnostic):
-    ours, ref = heads(num_convs, upsample, class_agnostic)
+    _assert_head_matches(num_convs, upsample, class_agnostic)
+
+
+@pytest.mark.parametrize('upsample', ['deconv2', 'bilinear2'])
+def test_head_with_group_norm_matches_fcn_mask_head(upsample):
+    """The demo's head: GroupNorm after each conv (ConvModule), normalised over channels-last
+    activations, against mmdet's head in NCHW."""
+    _assert_head_matches(2, upsample, False,
+                         norm_cfg=dict(type='GN', num_groups=4, requires_grad=True))
+
+
+def _assert_head_matches(num_convs, upsample, class_agnostic, norm_cfg=None):
+    ours, ref = heads(num_convs, upsample, class_agnostic, norm_cfg=norm_cfg)
+    if norm_cfg is not None:
+        assert any(isinstance(m, nn.GroupNorm) for m in ours.modules())
     g = torch.Generator().manual_seed(num_convs * 10 + len(upsample) + class_agnostic)
     x = torch.randn(7, 8, 7, 5, generator=g, dtype=torch.float64)  # h != w
     ref_out = ref(x)

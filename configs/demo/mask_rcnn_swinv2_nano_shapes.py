@@ -1,8 +1,8 @@
 # Mask R-CNN with a narrow Swin V2 ("nano": embed_dims=32, depths 2-2-2-2, window 8) on the
-# generated shapes data: the Swin nano demo (mask_rcnn_swin_nano_shapes.py: data, heads,
+# generated shapes data: the shapes base (_base_/mask_rcnn_shapes.py: data, heads,
 # schedule, AdamW lr 2e-3) with the Swin V2 backbone, trained from scratch on a 2-core CPU.
 # `python tools/demo.py --config configs/demo/mask_rcnn_swinv2_nano_shapes.py` runs it.
-_base_ = './mask_rcnn_swin_nano_shapes.py'
+_base_ = './_base_/mask_rcnn_shapes.py'
 model = dict(
     backbone=dict(
         _delete_=True,

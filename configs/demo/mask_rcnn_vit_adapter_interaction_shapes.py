@@ -1,10 +1,11 @@
 # Mask R-CNN with a narrow ViT ("nano": 128 channels, 4 blocks, 4 heads, patch 16) and
 # ViT-Adapter's interaction adapter (convolutional spatial prior, 2 interaction groups of 2
 # blocks, deformable attention through mmcv's CPU path) on the generated shapes data, trained
-# from scratch on a 2-core CPU. Heads, data and schedule are the Swin demo's.
+# from scratch on a 2-core CPU. Heads, data and schedule are the shapes
+# base's (_base_/mask_rcnn_shapes.py).
 #   python tools/make_shapes.py            # data under data/shapes/ (once)
 #   python tools/train.py configs/demo/mask_rcnn_vit_adapter_interaction_shapes.py
-_base_ = './mask_rcnn_swin_nano_shapes.py'
+_base_ = './_base_/mask_rcnn_shapes.py'
 
 model = dict(
     backbone=dict(

@@ -1,12 +1,13 @@
 # Mask R-CNN with a narrow ViT ("nano": 128 channels, 4 blocks, 4 heads, patch 8) and ViTDet's
 # simple feature pyramid on the generated shapes data, trained from scratch on a 2-core CPU.
-# Everything but the backbone (heads, data, schedule) is the Swin demo's. Window attention
+# Everything but the backbone (heads, data, schedule) is the shapes base's
+# (_base_/mask_rcnn_shapes.py). Window attention
 # (window 8 on the 16 x 16 token grid of a 128 x 128 image) in blocks 0 and 2, decomposed
 # relative positions, and the layer-decay optimiser (mild rate: there is no pretraining).
 # See docs/benchmarks.md (ViT-Adapter).
 #   python tools/make_shapes.py            # data under data/shapes/ (once)
 #   python tools/train.py configs/demo/mask_rcnn_vit_adapter_simple_shapes.py
-_base_ = './mask_rcnn_swin_nano_shapes.py'
+_base_ = './_base_/mask_rcnn_shapes.py'
 
 model = dict(
     backbone=dict(

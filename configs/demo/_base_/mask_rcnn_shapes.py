@@ -1,8 +1,8 @@
-# Mask R-CNN with a narrow Swin ("nano": embed_dims=32, depths 2-2-2-2) on the generated shapes
-# data, sized to train from scratch on a 2-core CPU in under 10 minutes (measured in bf16 on a
-# shared Intel Xeon VM: 8.3 to 9.6 minutes in three runs, box mAP 0.595; no pretrained weights
-# are available offline).
-# `python tools/demo.py` runs it; tools/make_shapes.py makes the data.
+# Mask R-CNN on the generated shapes data with a narrow Swin ("nano": embed_dims=32, depths
+# 2-2-2-2): the shared base of the shapes demos (the ViT, hybrid and Swin V2 demos replace the
+# backbone; their documented runs used this file as it is). `make demo` trains
+# ../mask_rcnn_swin_nano_shapes.py, which adds a recipe that learns the same on every seed.
+# tools/make_shapes.py makes the data.
 # Data location: `tools/demo.py --data-root DIR` rewrites every path derived from `data_root`
 # (MMEngine substitutes a top-level variable only when the file is parsed, so a bare
 # `--cfg-options data_root=...` does not reach the dataset entries).
