@@ -18,7 +18,7 @@ GEMM (MKL) runs the transformer's thin layers at about half oneDNN's speed (Swin
 step 1.30-1.35x mmdet's with the fast path against 1.04x without, 2-core AMD EPYC with AVX2).
 On Intel CPUs MKL is as fast, and the plain path measured faster (train step 1.07x mmdet's
 against 0.69x with the fast path, 2-core Xeon with AMX); on AMD's Zen 4 (AVX-512) the fast
-path made the fp32 forward and train step 12-15 % slower than the plain ops (0.85-0.88x,
+path made the fp32 forward and train step 2-15 % slower than the plain ops (0.85-0.98x,
 ``tools/benchmark.py`` variants ``' fast'`` against ``' plain'``, a new size per call).
 ``set_fast_path(True/False)`` (or ``MMVITSWIN_FAST_PATH=1`` / ``0`` in the environment) forces
 it on or off; ``set_fast_path(None)`` (``auto``) goes back to the default.
