@@ -106,6 +106,58 @@ def test_window_attention_equals_explicit_form_with_and_without_grad(shifted):
         assert max_rel_err(got, ref) < 1e-4
 
 
+def test_negligible_masked_logits_get_zero_weight_instead_of_denormal_weights():
+    from mmvitswin.core.layers.attention import MASKED_LOGIT_FLOOR, drop_negligible_logits_
+    # a row as Swin's -100 shift mask leaves it: allowed logits near 0, masked ones near -100
+    logits = torch.tensor([[0.5, -0.3, -100.2, -99.8, -79.0 + 0.5, -81.0 + 0.5]])
+    plain = logits.softmax(-1)
+    tiny = torch.finfo(torch.float32).tiny
+    assert ((plain > 0) & (plain < tiny)).any()  # what the references compute: denormals
+    dropped = drop_negligible_logits_(logits.clone())
+    assert torch.isinf(dropped[0, 2:4]).all() and torch.isinf(dropped[0, 5])
+    assert torch.equal(dropped[0, [0, 1, 4]], logits[0, [0, 1, 4]])  # within the floor: kept
+    weights = dropped.softmax(-1)
+    assert not ((weights > 0) & (weights < tiny)).any()
+    assert (weights - plain).abs().max() < torch.tensor(-MASKED_LOGIT_FLOOR).exp()
+    assert weights[0, 4] > 0
+
+
+def test_masked_window_attention_keeps_a_masked_logit_that_comes_near_the_maximum(monkeypatch):
+    """The floor is relative to each row's maximum: with logits spread over hundreds (a large
+    qk scale) some masked pairs still carry weight after -100, and must keep it, as in the
+    references; every weight the explicit path drops is under e**-80."""
+    import mmvitswin.core.layers.attention as attention_module
+    calls = []
+    real = attention_module.drop_negligible_logits_
+
+    def spy(attn):
+        before = attn.detach().clone()
+        out = real(attn)
+        calls.append((before, out.detach().clone()))
+        return out
+
+    monkeypatch.setattr(attention_module, 'drop_negligible_logits_', spy)
+    torch.manual_seed(0)
+    attn = WindowAttention(32, 4, (7, 7), qk_scale=8.0)
+    x = torch.randn(2 * 6, 49, 32, requires_grad=True)
+    mask = shift_window_mask((14, 21), (7, 7), (3, 3), x.device)
+    out = attn(x, mask)  # training: the explicit path
+    want = _explicit_window_attention(attn, x, mask)
+    assert len(calls) == 1
+    before, after = calls[0]
+    kept_masked = (mask[None, :, None] < 0).expand(2, -1, 4, -1, -1).reshape(before.shape) & \
+        torch.isfinite(after)
+    assert kept_masked.any()  # masked pairs within 80 of the maximum stay
+    assert torch.isinf(after).any()
+    assert max_rel_err(out, want) < 1e-5
+    grads = torch.autograd.grad(out.square().sum(), (x, attn.relative_position_bias_table))
+    want_grads = torch.autograd.grad(want.square().sum(), (x, attn.relative_position_bias_table))
+    for got, ref in zip(grads, want_grads):
+        assert max_rel_err(got, ref) < 1e-4
+    attn(x)  # no mask: nothing to drop
+    assert len(calls) == 1
+
+
 @pytest.mark.skipif(not CPU_AUTOCAST_FP16, reason='fp16 autocast on CPU needs a newer torch')
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_attention_under_autocast_trains_and_fp16_logits_cannot_overflow(dtype):

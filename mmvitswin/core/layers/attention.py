@@ -10,6 +10,13 @@ bf16 on CPU (where it is the faster of the two), or with ``use_sdpa=False``.
 Mixed precision: in fp16 (autocast or an fp16 model) the logits and the softmax run in fp32 and
 the result is cast back, so large logits cannot overflow; bf16 has fp32's range and runs as is
 (in inference its softmax runs in fp32).
+Masked logits (Swin's shift mask adds -100, as the references do): on the explicit path, logits
+more than ``MASKED_LOGIT_FLOOR`` below their row's maximum are set to -inf before the softmax.
+Their softmax weight is under e**-80 (about 1.8e-35) either way, but left as they are those
+weights are denormal floats, and every op that reads them (softmax, the product with v, the
+backward) runs 5-30x slower on x86 (docs/benchmarks.md, "Denormal attention weights"). The
+references' -100 is kept, so a masked logit that comes within 80 of its row's maximum keeps its
+weight exactly as in the references.
 Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
 on every call (small next to the attention itself), broadcast over the batch, never stored.
 """
@@ -37,6 +44,20 @@ def _runs_in_fp16(q: torch.Tensor) -> bool:
 # bf16 on CPU: from this many tokens per sequence on, SDPA's fused kernel (no N x N logits in
 # memory) is used; below it the explicit form (docs/benchmarks.md, "Attention in bf16").
 SDPA_BF16_CPU_MIN_TOKENS = 512
+
+# Logits this far below their row's maximum get weight 0 instead of under e**-80 (module docs).
+MASKED_LOGIT_FLOOR = 80.0
+
+
+def drop_negligible_logits_(attn: torch.Tensor) -> torch.Tensor:
+    """Set the logits of ``attn`` (in place) that lie more than ``MASKED_LOGIT_FLOOR`` below
+    their row's maximum to -inf: their softmax weights become exact zeros instead of denormal
+    floats (module docstring). The row maximum itself is never dropped, so no row is all -inf.
+    In place on a tensor autograd does not keep (the sum of the logits and the bias): the
+    backward keeps only the boolean mask."""
+    plain = attn.detach()
+    return attn.masked_fill_(plain < plain.amax(-1, keepdim=True) - MASKED_LOGIT_FLOOR,
+                             float('-inf'))
 
 
 def _sdpa_pays(q: torch.Tensor) -> bool:
@@ -80,8 +101,10 @@ class Attention(nn.Module):
         self.use_sdpa = use_sdpa
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               bias: Optional[torch.Tensor]) -> torch.Tensor:
+               bias: Optional[torch.Tensor], masked: bool = False) -> torch.Tensor:
         """q, k, v: (..., heads, N, head_dim); bias broadcastable to (..., heads, N, N).
+        ``masked``: the bias holds a mask (large negative entries), whose negligible weights the
+        explicit path drops (module docstring).
 
         SDPA unless ``use_sdpa`` is off or the bias needs a gradient: SDPA's fused CPU kernel has
         no gradient for the mask and would fall back to its slower math path, so the explicit
@@ -91,11 +114,11 @@ class Attention(nn.Module):
             dtype = q.dtype if q.dtype == torch.float16 else torch.float16
             with torch.autocast(q.device.type, enabled=False):
                 out = self._attend(q.float(), k.float(), v.float(),
-                                   None if bias is None else bias.float())
+                                   None if bias is None else bias.float(), masked)
             return out.to(dtype)
-        return self._attend(q, k, v, bias)
+        return self._attend(q, k, v, bias, masked)
 
-    def _attend(self, q, k, v, bias):
+    def _attend(self, q, k, v, bias, masked=False):
         drop = self.attn_drop if self.training else 0.
         if self.use_sdpa and _sdpa_pays(q) and not (bias is not None and bias.requires_grad):
             if bias is not None and bias.dtype != q.dtype:
@@ -110,6 +133,8 @@ class Attention(nn.Module):
         keep_dtype = attn.requires_grad or (bias is not None and bias.requires_grad)
         if bias is not None:
             attn = attn + (bias.to(attn.dtype) if keep_dtype else bias)
+            if masked:
+                attn = drop_negligible_logits_(attn)
         half = attn.dtype in (torch.float16, torch.bfloat16)
         attn = attn.softmax(dim=-1, dtype=torch.float32 if half and not keep_dtype else None)
         if drop:
@@ -189,8 +214,9 @@ class WindowAttention(Attention):
             # (1, nW * heads, N, N) bias broadcasts over the batch without being copied.
             q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).reshape(3, b, nw * self.num_heads, n,
                                                            self.head_dim).unbind(0)
-            out = self.attend(q, k, v, window_bias.reshape(1, nw * self.num_heads, n, n))
+            out = self.attend(q, k, v, window_bias.reshape(1, nw * self.num_heads, n, n),
+                              masked=True)
         else:
             q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # (B, nW, heads, N, d) views
-            out = self.attend(q, k, v, window_bias)
+            out = self.attend(q, k, v, window_bias, masked=True)
         return self.out_proj(out.reshape(bw, self.num_heads, n, self.head_dim))

@@ -136,7 +136,7 @@ class CosineWindowAttention(Attention):
         return continuous_position_bias(self.cpb_mlp, self.relative_coords_table,
                                         self.relative_position_index)
 
-    def _attend(self, q, k, v, bias):
+    def _attend(self, q, k, v, bias, masked=False):
         """Cosine logits: q and k unit-normalised (in fp32) and q scaled per head, then the
         plain attention with a unit scale. Heads may share a dim with windows (``(..., nW *
         heads, N, d)``): the scale broadcasts over the heads' position in that dim."""
@@ -153,7 +153,7 @@ class CosineWindowAttention(Attention):
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
                 dropout_p=self.attn_drop if self.training else 0., scale=1.)
-        return super()._attend(q, k, v, bias)
+        return super()._attend(q, k, v, bias, masked)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         bw, n, _ = x.shape
@@ -167,7 +167,7 @@ class CosineWindowAttention(Attention):
         # (1, nW * heads, N, N) bias broadcasts over the images without a copy
         q, k, v = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
             .reshape(3, bw // nw, nw * heads, n, head_dim).unbind(0)
-        out = self.attend(q, k, v, bias.reshape(1, nw * heads, n, n))
+        out = self.attend(q, k, v, bias.reshape(1, nw * heads, n, n), masked=mask is not None)
         return self.out_proj(out.reshape(bw, heads, n, head_dim))
 
 
