@@ -14,7 +14,7 @@ Masked logits (Swin's shift mask adds -100, as the references do): on the explic
 more than ``MASKED_LOGIT_FLOOR`` below their row's maximum are set to -inf before the softmax.
 Their softmax weight is under e**-80 (about 1.8e-35) either way, but left as they are those
 weights are denormal floats, and every op that reads them (softmax, the product with v, the
-backward) runs 5-30x slower on x86 (docs/benchmarks.md, "Denormal attention weights"). The
+backward) runs 4-35x slower on x86 (docs/benchmarks.md, "Denormal attention weights"). The
 references' -100 is kept, so a masked logit that comes within 80 of its row's maximum keeps its
 weight exactly as in the references.
 Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
