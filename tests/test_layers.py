@@ -137,6 +137,7 @@ def test_masked_window_attention_keeps_a_masked_logit_that_comes_near_the_maximu
         return out
 
     monkeypatch.setattr(attention_module, 'drop_negligible_logits_', spy)
+    monkeypatch.setattr(attention_module, 'denormals_are_slow', lambda device: True)
     torch.manual_seed(0)
     attn = WindowAttention(32, 4, (7, 7), qk_scale=8.0)
     x = torch.randn(2 * 6, 49, 32, requires_grad=True)
@@ -156,6 +157,18 @@ def test_masked_window_attention_keeps_a_masked_logit_that_comes_near_the_maximu
         assert max_rel_err(got, ref) < 1e-4
     attn(x)  # no mask: nothing to drop
     assert len(calls) == 1
+    # where denormals cost nothing (AMD Zen 4, GPUs) nothing is dropped, same numbers
+    monkeypatch.setattr(attention_module, 'denormals_are_slow', lambda device: False)
+    again = attn(x, mask)
+    assert len(calls) == 1 and max_rel_err(again, want) < 1e-5
+
+
+def test_denormals_are_slow_only_on_intel_cpus(monkeypatch):
+    from mmvitswin.core.layers import switch
+    for vendor, slow in (('GenuineIntel', True), ('AuthenticAMD', False), ('', False)):
+        monkeypatch.setattr(switch, '_vendor', vendor)
+        assert switch.denormals_are_slow(torch.device('cpu')) is slow
+        assert switch.denormals_are_slow('cuda') is False
 
 
 @pytest.mark.skipif(not CPU_AUTOCAST_FP16, reason='fp16 autocast on CPU needs a newer torch')

@@ -29,12 +29,16 @@ def heads(num_convs=2, upsample='deconv2', class_agnostic=False, in_channels=8, 
     kwargs = dict(num_convs=num_convs, in_channels=in_channels, conv_out_channels=channels,
                   num_classes=num_classes, class_agnostic=class_agnostic,
                   upsample_cfg=dict(UPSAMPLES[upsample]), norm_cfg=norm_cfg)
-    ref = FCNMaskHead(**kwargs)
+    # mmdet's scope, as in a detector: a Runner an earlier test built in this process may have
+    # left another default scope (mmseg's) behind, whose registry has its own CrossEntropyLoss
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        ref = FCNMaskHead(**kwargs)
+        ours = ChannelsLastFCNMaskHead(**kwargs)
     with torch.no_grad():  # random weights and nonzero biases, so a misplaced one shows
         for name, p in ref.named_parameters():
             fan_in = p[0].numel() if p.dim() > 1 else 10
             p.copy_(torch.randn_like(p) * (2 / fan_in) ** 0.5)
-    ours = ChannelsLastFCNMaskHead(**kwargs)
     ours.load_state_dict(ref.state_dict(), strict=True)
     return ours.to(dtype), ref.to(dtype)
 

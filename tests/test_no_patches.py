@@ -80,7 +80,9 @@ PROBE = textwrap.dedent('''
 
     before = snapshot()
     flags_before = {name: reg._imported for name, reg in host_registries().items()}
-    safe_globals_before = list(torch.serialization.get_safe_globals())
+    # torch's weights-only allow-list (torch >= 2.4; older torch has no list to change)
+    get_safe_globals = getattr(torch.serialization, 'get_safe_globals', lambda: [])
+    safe_globals_before = list(get_safe_globals())
 
     import mmvitswin  # noqa: F401
     # ... and neither does our CPU bf16 optim wrapper, on a model with an mmcv op
@@ -96,7 +98,7 @@ PROBE = textwrap.dedent('''
         n_mmcv_functions=len(mmcv_functions()),
         changed=sorted(k for k in set(before) | set(after)
                        if k not in before or k not in after or before[k] is not after[k]),
-        safe_globals_changed=list(torch.serialization.get_safe_globals()) != safe_globals_before,
+        safe_globals_changed=list(get_safe_globals()) != safe_globals_before,
     )
     # A host registry may only be marked imported by its own import_from_location, i.e. with
     # the modules it names imported (mmvitswin asks for that before registering, never sets

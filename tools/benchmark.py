@@ -1109,12 +1109,16 @@ def summarize_more(row: dict, record: dict, subject) -> dict:
 
 def peer_notes() -> List[str]:
     """What the peers' columns are, for the report."""
-    import transformers
+    try:
+        import transformers
+    except ImportError as exc:
+        hf = f'HF transformers not benchmarked: {type(exc).__name__}: {exc}'
+    else:
+        hf = (f'HF transformers {transformers.__version__} SwinBackbone (all four stages, '
+              'attention implementation as configured by default)')
     return [import_timm()[1] + f": '{TIMM_SWIN}', features_only=True, strict_img_size=False: "
             'NHWC features without the per-level norms, no shift in stages no larger than the '
-            'window at 224 (Swin-T: stage 4), rolls before padding',
-            f'HF transformers {transformers.__version__} SwinBackbone (all four stages, '
-            'attention implementation as configured by default)']
+            'window at 224 (Swin-T: stage 4), rolls before padding', hf]
 
 
 def add_peers(rows: List[dict], case: dict, args) -> None:

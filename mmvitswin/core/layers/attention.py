@@ -14,9 +14,11 @@ Masked logits (Swin's shift mask adds -100, as the references do): on the explic
 more than ``MASKED_LOGIT_FLOOR`` below their row's maximum are set to -inf before the softmax.
 Their softmax weight is under e**-80 (about 1.8e-35) either way, but left as they are those
 weights are denormal floats, and every op that reads them (softmax, the product with v, the
-backward) runs 4-35x slower on x86 (docs/benchmarks.md, "Denormal attention weights"). The
-references' -100 is kept, so a masked logit that comes within 80 of its row's maximum keeps its
-weight exactly as in the references.
+backward) runs 4-35x slower on Intel's x86 CPUs (docs/benchmarks.md, "Denormal attention
+weights"). Only there (``switch.denormals_are_slow``): on AMD's Zen 4 denormals cost nothing
+extra and the drop itself made masked window attention 7-40 % slower, and GPUs have no penalty
+either. The references' -100 is kept, so a masked logit that comes within 80 of its row's
+maximum keeps its weight exactly as in the references.
 Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
 on every call (small next to the attention itself), broadcast over the batch, never stored.
 """
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 
 from ..compat import get_autocast_dtype, is_autocast_enabled
 from .linear import Linear
-from .switch import is_tracing
+from .switch import denormals_are_slow, is_tracing
 from .window import relative_position_index
 
 
@@ -133,7 +135,7 @@ class Attention(nn.Module):
         keep_dtype = attn.requires_grad or (bias is not None and bias.requires_grad)
         if bias is not None:
             attn = attn + (bias.to(attn.dtype) if keep_dtype else bias)
-            if masked:
+            if masked and denormals_are_slow(attn.device):
                 attn = drop_negligible_logits_(attn)
         half = attn.dtype in (torch.float16, torch.bfloat16)
         attn = attn.softmax(dim=-1, dtype=torch.float32 if half and not keep_dtype else None)

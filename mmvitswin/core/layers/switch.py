@@ -59,6 +59,15 @@ def cpu_vendor() -> str:
     return _vendor
 
 
+def denormals_are_slow(device: torch.device) -> bool:
+    """Whether arithmetic on denormal floats costs extra on ``device``: on Intel's x86 CPUs
+    (microcode assists: softmax, its backward and the product with v 4-35x slower on a 2-core
+    Xeon, family 6 model 207), not on AMD's Zen 4 (no measurable penalty there, so dropping
+    the denormals first is pure extra work) nor on GPUs. ``layers.attention`` drops negligible
+    masked logits only where this is True (docs/benchmarks.md, "Denormal attention weights")."""
+    return torch.device(device).type == 'cpu' and cpu_vendor() == 'GenuineIntel'
+
+
 def cpu_capability() -> str:
     """The vector ISA torch's CPU kernels were dispatched for here (``'AVX512'``, ``'AVX2'``,
     ...; torch.backends.cpu.get_cpu_capability), '' where this torch cannot say."""
