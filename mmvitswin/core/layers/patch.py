@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import Linear
+from .linear import Linear, linear
 from .switch import is_tracing
 from .window import pad_amount, to_tuple
 
@@ -153,11 +153,28 @@ class PatchMerging(nn.Module):
         oh, ow = x.shape[-5], x.shape[-3]
         nl = len(lead)
         hdim, dy, wdim, dx, cdim = nl, nl + 1, nl + 2, nl + 3, nl + 4
-        if self.channel_order == 'unfold':
-            order = (*range(nl), hdim, wdim, cdim, dy, dx)
-        else:
-            order = (*range(nl), hdim, wdim, dx, dy, cdim)
-        x = x.permute(*order).reshape(*lead, oh, ow, 4 * c)
+        if self.channel_order == 'microsoft':
+            x = x.permute(*range(nl), hdim, wdim, dx, dy, cdim).reshape(*lead, oh, ow, 4 * c)
+            if self.norm_after:
+                return self.norm(self.reduction(x))
+            return self.reduction(self.norm(x))
+        # 'unfold': the neighbours are gathered as whole channel runs, [dy, dx, c] (a copy
+        # 7-20x faster than gathering [c, dy, dx], whose innermost step is C elements), and the
+        # parameters that read the merged vector take the same order instead: position j of
+        # this layout is channel idx[j] of mmdet's. The norm's statistics do not depend on the
+        # order of the channels, so the result is the same up to float rounding.
+        x = x.permute(*range(nl), hdim, wdim, dy, dx, cdim).reshape(*lead, oh, ow, 4 * c)
+        idx = torch.arange(4 * c, device=x.device).view(c, 4).t().reshape(-1)
+        weight = self.reduction.weight.index_select(1, idx)
         if self.norm_after:
-            return self.norm(self.reduction(x))
-        return self.reduction(self.norm(x))
+            return self.norm(linear(x, weight, self.reduction.bias))
+        norm = self.norm
+        if isinstance(norm, nn.LayerNorm):
+            x = F.layer_norm(x, norm.normalized_shape,
+                             None if norm.weight is None else norm.weight.index_select(0, idx),
+                             None if norm.bias is None else norm.bias.index_select(0, idx),
+                             norm.eps)
+        elif not isinstance(norm, nn.Identity):
+            raise TypeError(f'PatchMerging: norm must be nn.LayerNorm or nn.Identity, got '
+                            f'{type(norm).__name__}')
+        return linear(x, weight, self.reduction.bias)
