@@ -112,3 +112,8 @@ def fast_path_active(*tensors: torch.Tensor) -> bool:
     if any(t.device.type != 'cpu' for t in tensors):
         return False
     return not (is_autocast_enabled('cpu') or is_autocast_enabled('cuda'))
+
+
+# Read the vendor now, not in the first forward: a forward that torch.compile traces must not
+# open a file (a graph break where the attention asks ``denormals_are_slow``).
+cpu_vendor()
