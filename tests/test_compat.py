@@ -59,7 +59,7 @@ def test_import_in_fresh_interpreter_has_no_version_errors():
     assert report['ours'] == []
 
 
-def test_import_probe_sees_a_deprecation_in_our_code(tmp_path):
+def test_import_probe_sees_a_deprecation_in_our_code():
     """The probe above does catch a FutureWarning raised at a line of the package."""
     import mmvitswin
     root = os.path.dirname(os.path.abspath(mmvitswin.__file__))
