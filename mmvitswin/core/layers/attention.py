@@ -16,7 +16,7 @@ Their softmax weight is under e**-80 (about 1.8e-35) either way, but left as the
 weights are denormal floats, and every op that reads them (softmax, the product with v, the
 backward) runs 4-35x slower on Intel's x86 CPUs (docs/benchmarks.md, "Denormal attention
 weights"). Only there (``switch.denormals_are_slow``): on AMD's Zen 4 denormals cost nothing
-extra and the drop itself made masked window attention 7-40 % slower, and GPUs have no penalty
+extra and the drop itself made masked window attention 7-44 % slower, and GPUs have no penalty
 either. The references' -100 is kept, so a masked logit that comes within 80 of its row's
 maximum keeps its weight exactly as in the references.
 Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
