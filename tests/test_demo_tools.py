@@ -151,3 +151,41 @@ def test_make_shapes_cli(tmp_path):
                            '--size', '8'], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and 'image_size' in proc.stderr
+
+
+def test_ensure_shapes_extends_only_the_demos_own_val_split(tmp_path, monkeypatch):
+    """The demo's data set with a shorter val split (the 100 images of older versions) is
+    regenerated: same train bytes, same first val images, the rest added; other data sets
+    (another seed, another train count) are used as they are."""
+    import filecmp
+
+    import mmvitswin.openmmlab.datasets as datasets
+    from mmvitswin.openmmlab.datasets import make_shapes, shapes_summary
+    monkeypatch.setattr(datasets, 'DEFAULT_NUM_TRAIN', 3)
+    monkeypatch.setattr(datasets, 'DEFAULT_NUM_VAL', 4)
+    size = (64, 64)
+    old, ref = str(tmp_path / 'old'), str(tmp_path / 'ref')
+    make_shapes(old, num_train=3, num_val=2, image_size=size, seed=0)
+    make_shapes(ref, num_train=3, num_val=4, image_size=size, seed=0)
+    logs = []
+    assert demo.ensure_shapes(old, size, log=logs.append)
+    assert 'has 2 val images' in logs[0]
+    assert shapes_summary(old) == dict(seed=0, image_size=size, train=3, val=4)
+    for rel in ('coco/annotations/instances_train.json', 'coco/annotations/instances_val.json',
+                'coco/train/000002.jpg', 'coco/val/000001.jpg', 'coco/val/000003.jpg',
+                'ade/annotations/validation/000003.png'):
+        assert filecmp.cmp(osp.join(old, rel), osp.join(ref, rel), shallow=False), rel
+    assert not demo.ensure_shapes(old, size, log=logs.append)  # now complete: used as is
+    # not the demo's own set: never rewritten
+    for name, kwargs in (('seed1', dict(seed=1)), ('train2', dict(num_train=2)),
+                         ('size96', dict(image_size=(96, 96)))):
+        root = str(tmp_path / name)
+        make_shapes(root, **dict(dict(num_train=3, num_val=2, image_size=size, seed=0),
+                                 **kwargs))
+        logs.clear()
+        assert not demo.ensure_shapes(root, size, log=logs.append), name
+        assert 'val images)' in logs[0] and shapes_summary(root)['val'] == 2
+    assert shapes_summary(str(tmp_path / 'missing')) is None
+    assert demo.ensure_shapes(str(tmp_path / 'fresh'), size, log=logs.append)
+    assert shapes_summary(str(tmp_path / 'fresh')) == dict(seed=0, image_size=size, train=3,
+                                                           val=4)

@@ -80,14 +80,31 @@ class _MetricsRecorder(Hook):
 
 
 def ensure_shapes(data_root: str, image_size, log=print) -> bool:
-    """Generate the shapes data under ``data_root`` unless it is there; True if generated."""
-    from mmvitswin.openmmlab.datasets import make_shapes, shapes_exist
-    if shapes_exist(data_root):
-        log(f'[demo] using the shapes data in {data_root}')
-        return False
-    log(f'[demo] generating the shapes data in {data_root} ...')
+    """Generate the shapes data under ``data_root`` unless it is there; True if generated.
+
+    A folder that holds the demos' own data set (seed 0, 1000 train images, this size) with
+    fewer val images than the default (100 before the val split grew to 500) is regenerated in
+    place: the train images and the first val images come out byte-identical, the rest are
+    added. Any other shapes data is used as it is.
+    """
+    from mmvitswin.openmmlab.datasets import (DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL, DEFAULT_SEED,
+                                              make_shapes, shapes_summary)
+    found = shapes_summary(data_root)
+    if found is not None:
+        own = (found['seed'] == DEFAULT_SEED and found['train'] == DEFAULT_NUM_TRAIN
+               and tuple(found['image_size']) == tuple(image_size))
+        if not (own and found['val'] < DEFAULT_NUM_VAL):
+            log(f"[demo] using the shapes data in {data_root} ({found['train']} train / "
+                f"{found['val']} val images)")
+            return False
+        log(f"[demo] the shapes data in {data_root} has {found['val']} val images, the demo "
+            f'evaluates on {DEFAULT_NUM_VAL}: regenerating (the existing images come out '
+            'identical) ...')
+    else:
+        log(f'[demo] generating the shapes data in {data_root} ...')
     start = time.time()
-    summary = make_shapes(data_root, image_size=tuple(image_size))
+    summary = make_shapes(data_root, num_train=DEFAULT_NUM_TRAIN, num_val=DEFAULT_NUM_VAL,
+                          image_size=tuple(image_size), seed=DEFAULT_SEED)
     log(f"[demo] {summary['train']['images']} train / {summary['val']['images']} val images "
         f'in {time.time() - start:.1f}s')
     return True

@@ -1,6 +1,6 @@
 """Generate the synthetic "shapes" data (COCO instances + ADE20K-style semantic labels).
 
-    python tools/make_shapes.py                      # data/shapes, 1000 train / 100 val, 128x128
+    python tools/make_shapes.py                      # data/shapes, 1000 train / 500 val, 128x128
     python tools/make_shapes.py data/tiny --num-train 8 --num-val 4 --size 64 96
 
 The output is deterministic for a given set of arguments; see docs/datasets.md for the layout.
@@ -12,15 +12,18 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmvitswin.openmmlab.datasets.shapes import make_shapes  # noqa: E402
+from mmvitswin.openmmlab.datasets.shapes import (DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL,  # noqa: E402
+                                                  make_shapes)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('out_dir', nargs='?', default='data/shapes',
                         help='output folder (default: data/shapes)')
-    parser.add_argument('--num-train', type=int, default=1000, help='training images')
-    parser.add_argument('--num-val', type=int, default=100, help='validation images')
+    parser.add_argument('--num-train', type=int, default=DEFAULT_NUM_TRAIN,
+                        help=f'training images (default {DEFAULT_NUM_TRAIN})')
+    parser.add_argument('--num-val', type=int, default=DEFAULT_NUM_VAL,
+                        help=f'validation images (default {DEFAULT_NUM_VAL})')
     parser.add_argument('--size', type=int, nargs='+', default=[128], metavar='N',
                         help='image size: one value (square) or H W (default 128)')
     parser.add_argument('--seed', type=int, default=0, help='random seed (default 0)')

@@ -1,2 +1,4 @@
 """Embedded data generators (the synthetic "shapes" data)."""
-from .shapes import SHAPE_CLASSES, ShapesSegDataset, make_shapes, shapes_exist  # noqa: F401
+from .shapes import (DEFAULT_IMAGE_SIZE, DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL,  # noqa: F401
+                     DEFAULT_SEED, SHAPE_CLASSES, ShapesSegDataset, make_shapes, shapes_exist,
+                     shapes_summary)
