@@ -143,17 +143,36 @@ class Attention(nn.Module):
             attn = F.dropout(attn, drop, training=True)
         return attn.to(v.dtype) @ v
 
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The joint q/k/v projection ``(..., C) -> (..., 3C)``."""
+        return self.qkv(x)
+
+    def projected_zero(self) -> Optional[torch.Tensor]:
+        """What :meth:`project` gives for an all-zero token ``(3C,)``: the projection's bias
+        (None: no bias, so zero)."""
+        return self.qkv.bias
+
+    def split_heads(self, qkv: torch.Tensor):
+        """qkv: (B, N, 3C) -> q, k, v: (B, heads, N, head_dim), strided views."""
+        b, n, _ = qkv.shape
+        return qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
     def qkv_heads(self, x: torch.Tensor):
         """x: (B, N, C) -> q, k, v: (B, heads, N, head_dim), strided views of one projection."""
-        b, n, _ = x.shape
-        qkv = self.qkv(x)
-        return qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.split_heads(self.project(x))
+
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """out: (B, heads, N, head_dim) -> (B, N, C), before the output projection."""
+        b, _, n, _ = out.shape
+        return out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """The output projection (and its dropout) of merged heads ``(..., C)``."""
+        return self.proj_drop(self.proj(out))
 
     def out_proj(self, out: torch.Tensor) -> torch.Tensor:
         """out: (B, heads, N, head_dim) -> (B, N, C) through the output projection."""
-        b, _, n, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)
-        return self.proj_drop(self.proj(out))
+        return self.output(self.merge_heads(out))
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, N, C) -> (B, N, C). ``bias``: additive, broadcastable to (B, heads, N, N)."""
@@ -199,18 +218,24 @@ class WindowAttention(Attention):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B * nW, N, C) windows; mask: (nW, N, N) shift mask or None -> (B * nW, N, C)."""
-        bw, n, c = x.shape
+        return self.output(self.attend_windows(self.project(x), mask))
+
+    def attend_windows(self, qkv: torch.Tensor,
+                       mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attention of projected windows ``qkv: (B * nW, N, 3C)`` (mask as :meth:`forward`)
+        -> ``(B * nW, N, C)``, heads merged, before the output projection."""
+        bw, n, _ = qkv.shape
         bias = self.relative_bias(n)
         if mask is None:
             # q, k, v stay strided views of the projection output; a 4-D bias keeps SDPA on
             # its fused kernel (a 3-D one would send it to the math path).
-            q, k, v = self.qkv_heads(x)
-            return self.out_proj(self.attend(q, k, v, bias.unsqueeze(0)))
+            q, k, v = self.split_heads(qkv)
+            return self.merge_heads(self.attend(q, k, v, bias.unsqueeze(0)))
         nw = mask.shape[0]
         b = bw // nw
         # One bias per window and head, (nW, heads, N, N), broadcast over the images.
         window_bias = bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)
-        qkv = self.qkv(x).view(b, nw, n, 3, self.num_heads, self.head_dim)
+        qkv = qkv.view(b, nw, n, 3, self.num_heads, self.head_dim)
         if self.use_sdpa and _sdpa_pays(qkv) and not window_bias.requires_grad:
             # The fused kernel wants 4-D inputs: windows and heads share one dim, so the
             # (1, nW * heads, N, N) bias broadcasts over the batch without being copied.
@@ -221,4 +246,4 @@ class WindowAttention(Attention):
         else:
             q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # (B, nW, heads, N, d) views
             out = self.attend(q, k, v, window_bias, masked=True)
-        return self.out_proj(out.reshape(bw, self.num_heads, n, self.head_dim))
+        return self.merge_heads(out.reshape(bw, self.num_heads, n, self.head_dim))

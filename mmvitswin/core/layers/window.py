@@ -139,8 +139,8 @@ def _rolled_arange(p, h: int, device) -> torch.Tensor:
 
 
 def shift_window_mask(padded: Size, window: Size, shift: Size, device: torch.device,
-                      fill: float = -100.0) -> torch.Tensor:
-    """Additive attention mask for shifted windows: ``(num_windows, N, N)`` float32.
+                      fill: float = -100.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive attention mask for shifted windows: ``(num_windows, N, N)`` in ``dtype``.
 
     After a cyclic shift by ``-shift`` some windows hold tokens from different image regions;
     pairs from different regions get ``fill`` (the references use -100, not -inf, and we keep
@@ -163,7 +163,9 @@ def shift_window_mask(padded: Size, window: Size, shift: Size, device: torch.dev
         label = label * 3 + _grid_view(region, axis, nd)
     labels = window_partition(label.expand(*padded)[None, ..., None], window).squeeze(-1)
     same = labels[:, None, :] == labels[:, :, None]  # (nW, N, N)
-    return torch.zeros(same.shape, device=device).masked_fill(~same, fill)
+    # one pass: 0 where the pair shares a region, ``fill`` elsewhere
+    return torch.where(same, torch.zeros((), dtype=dtype, device=device),
+                       torch.full((), fill, dtype=dtype, device=device))
 
 
 def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.device):
