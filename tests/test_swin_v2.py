@@ -25,7 +25,8 @@ import torch
 from mmvitswin.core.backbones.swin_v2 import SwinTransformerV2
 from mmvitswin.core.checkpoint import CheckpointError, load_pretrained
 from mmvitswin.core.layers import (CosineWindowAttention, log_spaced_relative_coords,
-                                   pretrained_window_of)
+                                   pretrained_window_of, window_gather_index)
+from mmvitswin.core.layers.window import real_query_spans
 from conftest import max_rel_err
 from zoo import perturb_like_trained
 
@@ -373,6 +374,69 @@ def test_autocast_is_finite_and_close_to_fp32(hf_narrow, dtype, tmp_path):
         loss = sum(o.float().square().mean() for o in model(x))
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def _real_spans_from_gather_index(spatial, window, shift):
+    """Oracle for real_query_spans: the valid mask of window_gather_index, per window row
+    (column), reduced to the hull of the local rows (columns) holding a real token."""
+    _, valid, _ = window_gather_index(spatial, window, shift, torch.device('cpu'))
+    rows, cols = [-(-s // w) for s, w in zip(spatial, window)]
+    grid = valid.view(rows, cols, *window)
+    axes = []
+    for axis, count in ((0, rows), (1, cols)):
+        spans = []
+        for g in range(count):
+            cell = grid[g] if axis == 0 else grid[:, g]
+            local = cell.any(dim=0).any(dim=1) if axis == 0 else cell.any(dim=0).any(dim=0)
+            idx = local.nonzero().flatten().tolist()
+            spans.append((idx[0], idx[-1] + 1))
+        axes.append(spans)
+    return axes
+
+
+@pytest.mark.parametrize('spatial,shift', [((18, 28), (0, 0)), ((18, 28), (8, 8)),
+                                           ((9, 14), (0, 0)), ((72, 112), (8, 8)),
+                                           ((20, 33), (8, 8)), ((5, 3), (0, 0))])
+def test_real_query_spans_match_the_gather_index(spatial, shift):
+    window = (16, 16)
+    got = real_query_spans(spatial, window, shift)
+    want = _real_spans_from_gather_index(spatial, window, shift)
+    if got is None:  # only where every window holds real tokens at every local position
+        assert all(span == (0, w) for spans, w in zip(want, window) for span in spans)
+        return
+    for groups, spans in zip(got, want):
+        expanded = [(lo, hi) for first, stop, lo, hi in groups for _ in range(first, stop)]
+        assert expanded == spans
+    assert real_query_spans((4, 5, 6), (2, 2, 2), (0, 0, 0)) is None  # 2-D only
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_skipping_padding_queries_and_the_autograd_path_give_the_same_features(dtype,
+                                                                              monkeypatch):
+    """Inference attends the real queries only and projects real tokens only; with autograd
+    the padded windows are projected whole. HF parity runs the first; both must agree."""
+    import mmvitswin.core.layers.shifted_window as shifted_window
+    torch.manual_seed(0)
+    model = perturbed(SwinTransformerV2(**NARROW, window_size=8, drop_path_rate=0.))
+    x = torch.randn(2, 3, 72, 100)  # every stage padded, rows and columns
+    calls = []
+    spans = shifted_window.real_query_spans
+    monkeypatch.setattr(shifted_window, 'real_query_spans',
+                        lambda *a: calls.append(spans(*a)) or calls[-1])
+    with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
+        with torch.no_grad():
+            skipping = model(x)
+        assert any(c is not None for c in calls)
+        monkeypatch.setattr(shifted_window, 'real_query_spans', lambda *a: None)
+        with torch.no_grad():
+            whole = model(x)
+        with_grad = model(x)
+    for a, b, c in zip(skipping, whole, with_grad):
+        # skipping queries changes no arithmetic: the same kernel on fewer rows
+        assert max_rel_err(a.float(), b.float()) < 1e-5
+        # with autograd in bf16 the logits are bf16 products (the AMP tolerance, as above)
+        assert max_rel_err(c.float().detach(), b.float()) < (
+            1e-5 if dtype == torch.float32 else 5e-2)
 
 
 def test_gradients_reach_every_parameter_and_with_cp_agrees():

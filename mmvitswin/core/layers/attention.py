@@ -220,10 +220,12 @@ class WindowAttention(Attention):
         """x: (B * nW, N, C) windows; mask: (nW, N, N) shift mask or None -> (B * nW, N, C)."""
         return self.output(self.attend_windows(self.project(x), mask))
 
-    def attend_windows(self, qkv: torch.Tensor,
-                       mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def attend_windows(self, qkv: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                       real_queries=None) -> torch.Tensor:
         """Attention of projected windows ``qkv: (B * nW, N, 3C)`` (mask as :meth:`forward`)
-        -> ``(B * nW, N, C)``, heads merged, before the output projection."""
+        -> ``(B * nW, N, C)``, heads merged, before the output projection. ``real_queries``
+        (:func:`~.window.real_query_spans`) is not used here: every query is attended (the
+        windows of 7 of the V1 Swins leave little padding)."""
         bw, n, _ = qkv.shape
         bias = self.relative_bias(n)
         if mask is None:

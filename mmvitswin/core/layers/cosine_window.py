@@ -169,10 +169,12 @@ class CosineWindowAttention(Attention):
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.output(self.attend_windows(self.project(x), mask))
 
-    def attend_windows(self, qkv: torch.Tensor,
-                       mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def attend_windows(self, qkv: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                       real_queries=None) -> torch.Tensor:
         """Attention of projected windows ``qkv: (B * nW, N, 3C)`` -> ``(B * nW, N, C)``, heads
-        merged, before the output projection."""
+        merged, before the output projection. ``real_queries``: which queries hold real
+        tokens (:func:`~.window.real_query_spans`); only those are attended, and the outputs
+        of the others (padding, which the merge drops) are 0."""
         bw, n, _ = qkv.shape
         nw = 1 if mask is None else mask.shape[0]
         heads, head_dim = self.num_heads, self.head_dim
@@ -189,8 +191,63 @@ class CosineWindowAttention(Attention):
         # (1, nW * heads, N, N) bias broadcasts over the images without a copy
         q, k, v = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
             .reshape(3, bw // nw, nw * heads, n, head_dim).unbind(0)
-        out = self.attend(q, k, v, bias.reshape(1, nw * heads, n, n), masked=mask is not None)
+        bias = bias.reshape(1, nw * heads, n, n)
+        if real_queries is None:
+            out = self.attend(q, k, v, bias, masked=mask is not None)
+        else:
+            out = self._attend_real_queries(q, k, v, bias, mask is not None, real_queries)
         return self.merge_heads(out.reshape(bw, heads, n, head_dim))
+
+    def _attend_real_queries(self, q, k, v, bias, masked: bool, spans) -> torch.Tensor:
+        """:meth:`attend` of the queries that hold real tokens only, block by block of windows
+        (``spans``: :func:`~.window.real_query_spans`); returns q's layout, 0 at the skipped
+        queries.
+
+        Why: small maps are padded to whole windows (SwinV2-T, window 16, a 288 x 448 input:
+        18 x 28 tokens at stride 16 padded to 32 x 32, 9 x 14 at stride 32 to 16 x 16), and
+        a padding query costs as much as a real one. Keys and values stay whole: padding
+        tokens are attended to, as in every reference Swin. At the detection recipe's sizes
+        scaled by 0.4 about a third of the queries are padding.
+
+        Layouts as :meth:`attend_windows` passes them: masked ``(B, nW * heads, N, d)``,
+        unmasked ``(B * nW, heads, N, d)``; both view as ``(B, rows, cols, heads, Wh, Ww, d)``
+        (the window grid, the tokens' grid), and a block goes back to 4-D the same way
+        (windows joined with the heads, or with the images). Where the columns split into
+        groups, the window rows go one at a time, so that the blocks of k and v stay views.
+        """
+        (row_groups, col_groups), (wh, ww) = spans, self.window
+        rows, cols, heads = row_groups[-1][1], col_groups[-1][1], self.num_heads
+        join = 1 if masked else 0
+
+        def grid(t, tokens):  # (B, rows, cols, heads, *tokens, last)
+            return t.reshape(-1, rows, cols, heads, *tokens, t.shape[-1])
+
+        def four(t):  # a block (B, kr, kc, heads, [lr, lc,] x) -> 4-D
+            t = t.flatten(1, 2)
+            if t.dim() == 6:
+                t = t.flatten(3, 4)
+            return t.flatten(join, join + 1)
+
+        q7, k6, v6 = grid(q, (wh, ww)), grid(k, (wh * ww, )), grid(v, (wh * ww, ))
+        per_window = bias.shape[1] > heads  # else one bias for every window
+        bias7 = bias.reshape(1, -1, cols if per_window else 1, heads, wh, ww, bias.shape[-1])
+        out = None
+        for r0, r1, lr0, lr1 in row_groups:
+            runs = [(r0, r1)] if len(col_groups) == 1 else [(r, r + 1) for r in range(r0, r1)]
+            for a, b in runs:
+                for c0, c1, lc0, lc1 in col_groups:
+                    block = (slice(None), slice(a, b), slice(c0, c1))
+                    bias_block = bias7[block] if per_window else bias7
+                    got = self.attend(four(q7[block][..., lr0:lr1, lc0:lc1, :]),
+                                      four(k6[block]), four(v6[block]),
+                                      four(bias_block[..., lr0:lr1, lc0:lc1, :]),
+                                      masked=masked)
+                    if out is None:
+                        out = got.new_zeros(q7.shape)
+                    images = q7.shape[0]
+                    out[block + (slice(None), slice(lr0, lr1), slice(lc0, lc1))] = \
+                        got.reshape(images, b - a, c1 - c0, heads, lr1 - lr0, lc1 - lc0, -1)
+        return out.reshape(q.shape)
 
 
 class ShiftWindowMSAV2(nn.Module):

@@ -222,6 +222,37 @@ def window_gather_index(spatial: Size, window: Size, shift: Size, device: torch.
     return gather, valid.reshape(-1), scatter
 
 
+def real_query_spans(spatial: Size, window: Size, shift: Size):
+    """Which queries of a 2-D (shifted) window partition hold real tokens, for attention that
+    skips the queries of padding (their outputs are dropped by the merge).
+
+    Per spatial dim, groups ``(first, stop, lo, hi)``: the window cells ``first..stop-1``
+    along that dim whose real tokens all lie at local positions ``[lo, hi)`` (the hull: a pad
+    that the shift puts inside a window keeps its middle). Windows are ordered row-major over
+    the window grid and tokens row-major inside a window (:func:`window_gather_index`), so a
+    group of window rows and a group of window columns give a block of windows and a block of
+    their tokens. Returns ``(row_groups, col_groups)``, or None where no query is padding (or
+    for another number of dims). Plain Python on the sizes: eager mode only.
+    """
+    if len(spatial) != 2:
+        return None
+    axes = []
+    for size, w, s in zip(spatial, window, shift):
+        padded = ceil_div(size, w) * w
+        groups = []
+        for g in range(padded // w):
+            real = [r for r in range(w) if (g * w + r + s) % padded < size]
+            span = [real[0], real[-1] + 1]
+            if groups and groups[-1][2:] == span:
+                groups[-1][1] = g + 1
+            else:
+                groups.append([g, g + 1, *span])
+        axes.append([tuple(group) for group in groups])
+    if all(len(a) == 1 and a[0][2:] == (0, w) for a, w in zip(axes, window)):
+        return None
+    return tuple(axes)
+
+
 def effective_window(spatial: Size, window: Size, shift: Size) -> Tuple[Size, Size]:
     """Clamp the window to the input and drop the shift along dims the window covers fully.
 
