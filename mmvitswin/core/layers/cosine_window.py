@@ -7,7 +7,8 @@
   the offsets it saw map to the same inputs, larger offsets extrapolate smoothly, and no table
   is resampled.
 - :func:`continuous_position_bias`: ``16 * sigmoid(mlp(coords))`` gathered to ``(heads, N, N)``,
-  always computed in fp32 (outside autocast): it is small, bounded, and fp16 would round it.
+  always computed in fp32 (outside autocast): it is small, bounded, and fp16 would round it
+  (bf16 inference casts the result, as SDPA reads its bias in q's dtype).
 - :class:`CosineWindowAttention`: ``softmax(cos(q, k) * exp(min(logit_scale, log 100)) + bias +
   mask) v`` inside windows. The qkv projection has no bias of its own but ``q_bias`` and
   ``v_bias`` (no key bias), as every released Swin V2. q and k are normalised in fp32, so
@@ -231,7 +232,7 @@ class CosineWindowAttention(Attention):
         q7, k6, v6 = grid(q, (wh, ww)), grid(k, (wh * ww, )), grid(v, (wh * ww, ))
         per_window = bias.shape[1] > heads  # else one bias for every window
         bias7 = bias.reshape(1, -1, cols if per_window else 1, heads, wh, ww, bias.shape[-1])
-        out = None
+        images, out = q7.shape[0], None
         for r0, r1, lr0, lr1 in row_groups:
             runs = [(r0, r1)] if len(col_groups) == 1 else [(r, r + 1) for r in range(r0, r1)]
             for a, b in runs:
@@ -244,7 +245,6 @@ class CosineWindowAttention(Attention):
                                       masked=masked)
                     if out is None:
                         out = got.new_zeros(q7.shape)
-                    images = q7.shape[0]
                     out[block + (slice(None), slice(lr0, lr1), slice(lc0, lc1))] = \
                         got.reshape(images, b - a, c1 - c0, heads, lr1 - lr0, lc1 - lc0, -1)
         return out.reshape(q.shape)

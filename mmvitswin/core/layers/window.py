@@ -231,8 +231,8 @@ def real_query_spans(spatial: Size, window: Size, shift: Size):
     that the shift puts inside a window keeps its middle). Windows are ordered row-major over
     the window grid and tokens row-major inside a window (:func:`window_gather_index`), so a
     group of window rows and a group of window columns give a block of windows and a block of
-    their tokens. Returns ``(row_groups, col_groups)``, or None where no query is padding (or
-    for another number of dims). Plain Python on the sizes: eager mode only.
+    their tokens. Returns ``(row_groups, col_groups)``, or None where no query can be skipped
+    (or for another number of dims). Plain Python on the sizes: eager mode only.
     """
     if len(spatial) != 2:
         return None
