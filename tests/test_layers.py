@@ -205,14 +205,22 @@ def test_fast_path_default_follows_the_cpu_vendor_and_isa(monkeypatch):
     x = torch.randn(3, 5, 16)
     previous = set_fast_path(None)
     try:
-        for vendor, isa, on in (('AuthenticAMD', 'AVX2', True), ('HygonGenuine', 'AVX2', True),
-                                ('AuthenticAMD', 'AVX512', False),  # Zen 4 (docs/benchmarks.md)
-                                ('GenuineIntel', 'AVX2', False), ('GenuineIntel', 'AVX512', False),
-                                ('', 'AVX2', False)):
+        # (vendor, isa, family): on with autograd, on in inference (docs/benchmarks.md)
+        for vendor, isa, family, on, infer in (
+                ('AuthenticAMD', 'AVX2', 23, True, True), ('HygonGenuine', 'AVX2', 24, True, True),
+                ('AuthenticAMD', 'AVX512', 25, False, False),  # Zen 4
+                ('AuthenticAMD', 'AVX512', 26, False, True),  # Zen 5: inference only
+                ('GenuineIntel', 'AVX2', 6, False, False),
+                ('GenuineIntel', 'AVX512', 6, False, False), ('', 'AVX2', 0, False, False)):
             monkeypatch.setattr(switch, '_vendor', vendor)
+            monkeypatch.setattr(switch, '_family', family)
             monkeypatch.setattr(switch, 'cpu_capability', lambda isa=isa: isa)
             assert switch.fast_path_pays_here() is on and fast_path_active(x) is on
-            assert switch.fast_path_setting() == f"auto ({'on' if on else 'off'})"
+            assert switch.fast_path_pays_here(autograd=False) is infer
+            with torch.no_grad():
+                assert fast_path_active(x) is infer
+            setting = 'on' if on else 'inference' if infer else 'off'
+            assert switch.fast_path_setting() == f'auto ({setting})'
         monkeypatch.setattr(switch, '_vendor', 'AuthenticAMD')
         monkeypatch.setattr(switch, 'cpu_capability', lambda: 'AVX2')
         assert set_fast_path(False) is None and not fast_path_active(x)  # forced off on AMD
@@ -224,7 +232,9 @@ def test_fast_path_default_follows_the_cpu_vendor_and_isa(monkeypatch):
         set_fast_path(previous)
     monkeypatch.undo()
     monkeypatch.setattr(switch, '_vendor', None)
+    monkeypatch.setattr(switch, '_family', None)
     assert isinstance(switch.cpu_vendor(), str)  # read again from this machine
+    assert isinstance(switch.cpu_family(), int)
     if hasattr(getattr(torch.backends, 'cpu', None), 'get_cpu_capability'):  # torch >= 2.1
         assert switch.cpu_capability() == torch.backends.cpu.get_cpu_capability()
     with pytest.raises(TypeError, match='enabled'):
