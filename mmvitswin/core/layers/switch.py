@@ -47,18 +47,25 @@ _vendor: Optional[str] = None
 _family: Optional[int] = None
 
 
+def _cpuinfo_field(name: str) -> Optional[str]:
+    """The value of the first ``name : value`` line of /proc/cpuinfo; None where the file
+    cannot be read (not Linux) or has no such line."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith(name):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def cpu_vendor() -> str:
     """The CPU's vendor string (x86: ``GenuineIntel``, ``AuthenticAMD``, ...), '' if unknown."""
     global _vendor
     if _vendor is None:
-        _vendor = ''
-        try:
-            with open('/proc/cpuinfo') as f:
-                for line in f:
-                    if line.startswith('vendor_id'):
-                        _vendor = line.split(':', 1)[1].strip()
-                        break
-        except OSError:  # not Linux: Windows names the vendor in the processor string
+        _vendor = _cpuinfo_field('vendor_id')
+        if _vendor is None:  # not Linux: Windows names the vendor in the processor string
             found = [v for v in ('GenuineIntel', 'AuthenticAMD', 'HygonGenuine')
                      if v in platform.processor()]
             _vendor = found[0] if found else ''
@@ -70,15 +77,8 @@ def cpu_family() -> int:
     5), 0 if unknown."""
     global _family
     if _family is None:
-        _family = 0
-        try:
-            with open('/proc/cpuinfo') as f:
-                for line in f:
-                    if line.startswith('cpu family'):
-                        _family = int(line.split(':', 1)[1].strip())
-                        break
-        except (OSError, ValueError):
-            pass
+        value = _cpuinfo_field('cpu family')
+        _family = int(value) if value is not None and value.isdigit() else 0
     return _family
 
 
