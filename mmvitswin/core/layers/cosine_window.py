@@ -76,10 +76,10 @@ def cpb_mlp(num_heads: int, hidden_dims: int = 512) -> nn.Sequential:
                          nn.Linear(hidden_dims, num_heads, bias=False))
 
 
-def continuous_position_bias(mlp: nn.Module, coords: torch.Tensor, index: torch.Tensor,
-                             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def continuous_position_bias(mlp: nn.Module, coords: torch.Tensor,
+                             index: torch.Tensor) -> torch.Tensor:
     """``16 * sigmoid(mlp(coords))`` gathered by ``index`` ``(N, N)`` -> contiguous ``(heads, N,
-    N)`` in ``dtype``. The MLP and the sigmoid run in fp32 on the ``(rows, heads)`` table,
+    N)`` float32. The MLP and the sigmoid run in fp32 on the ``(rows, heads)`` table,
     which is transposed to ``(heads, rows)`` (small) and gathered along the rows: the result
     comes out in its final layout, with no strided copy of ``heads x N x N`` values (in fp32:
     gather's fp32 kernel ran 2x faster than its bf16 one, and than index_select and a copy)."""
@@ -93,7 +93,7 @@ def continuous_position_bias(mlp: nn.Module, coords: torch.Tensor, index: torch.
     table = (16. * torch.sigmoid(table.float())).t().contiguous()
     n = index.shape[0]
     flat = index.reshape(1, -1).expand(table.shape[0], -1)
-    return torch.gather(table, 1, flat).view(-1, n, n).to(dtype)
+    return torch.gather(table, 1, flat).view(-1, n, n)
 
 
 class CosineWindowAttention(Attention):
@@ -136,11 +136,10 @@ class CosineWindowAttention(Attention):
             return None
         return torch.cat([self.q_bias, torch.zeros_like(self.v_bias), self.v_bias])
 
-    def position_bias(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The continuous position bias ``(heads, N, N)`` of this window (computed in fp32,
-        returned in ``dtype``)."""
+    def position_bias(self) -> torch.Tensor:
+        """The continuous position bias ``(heads, N, N)`` float32 of this window."""
         return continuous_position_bias(self.cpb_mlp, self.relative_coords_table,
-                                        self.relative_position_index, dtype)
+                                        self.relative_position_index)
 
     def _attend(self, q, k, v, bias, masked=False):
         """Cosine logits: q and k unit-normalised (in fp32) and q scaled per head, then the
@@ -183,9 +182,9 @@ class CosineWindowAttention(Attention):
         # sum is nW * heads * 256 * 256 values per block at window 16: half the bytes, and
         # no fp32 sum to cast). A masked entry (-100 + bias) may then round differently; its
         # weight is below e**-80 either way.
-        fused_bf16 = (self.use_sdpa and qkv.dtype == torch.bfloat16
-                      and not (torch.is_grad_enabled() and self.cpb_mlp[0].weight.requires_grad))
-        bias = self.position_bias(qkv.dtype if fused_bf16 else torch.float32)
+        bias = self.position_bias()
+        if self.use_sdpa and qkv.dtype == torch.bfloat16 and not bias.requires_grad:
+            bias = bias.to(qkv.dtype)
         if mask is not None:  # one bias per window and head: (nW, heads, N, N)
             bias = mask.to(bias.dtype).unsqueeze(1) + bias
         # windows and heads share one dim: 4-D inputs keep SDPA on its fused kernel, and the
