@@ -12,8 +12,9 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmvitswin.openmmlab.datasets.shapes import (DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL,  # noqa: E402
-                                                  make_shapes)
+from mmvitswin.openmmlab.datasets.shapes import (DEFAULT_IMAGE_SIZE,  # noqa: E402
+                                                  DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL,
+                                                  DEFAULT_SEED, make_shapes)
 
 
 def parse_args(argv=None):
@@ -24,9 +25,11 @@ def parse_args(argv=None):
                         help=f'training images (default {DEFAULT_NUM_TRAIN})')
     parser.add_argument('--num-val', type=int, default=DEFAULT_NUM_VAL,
                         help=f'validation images (default {DEFAULT_NUM_VAL})')
-    parser.add_argument('--size', type=int, nargs='+', default=[128], metavar='N',
-                        help='image size: one value (square) or H W (default 128)')
-    parser.add_argument('--seed', type=int, default=0, help='random seed (default 0)')
+    parser.add_argument('--size', type=int, nargs='+', default=list(DEFAULT_IMAGE_SIZE),
+                        metavar='N', help='image size: one value (square) or H W (default '
+                        f'{DEFAULT_IMAGE_SIZE[0]} {DEFAULT_IMAGE_SIZE[1]})')
+    parser.add_argument('--seed', type=int, default=DEFAULT_SEED,
+                        help=f'random seed (default {DEFAULT_SEED})')
     parser.add_argument('--max-objects', type=int, default=5, help='shapes per image, at most')
     args = parser.parse_args(argv)
     if len(args.size) not in (1, 2):
