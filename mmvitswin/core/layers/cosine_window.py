@@ -80,9 +80,11 @@ def continuous_position_bias(mlp: nn.Module, coords: torch.Tensor,
                              index: torch.Tensor) -> torch.Tensor:
     """``16 * sigmoid(mlp(coords))`` gathered by ``index`` ``(N, N)`` -> contiguous ``(heads, N,
     N)`` float32. The MLP and the sigmoid run in fp32 on the ``(rows, heads)`` table,
-    which is transposed to ``(heads, rows)`` (small) and gathered along the rows: the result
-    comes out in its final layout, with no strided copy of ``heads x N x N`` values (in fp32:
-    gather's fp32 kernel ran 2x faster than its bf16 one, and than index_select and a copy)."""
+    which is transposed to ``(heads, rows)`` (small) and indexed along the rows: the result
+    comes out in its final layout, with no strided copy of ``heads x N x N`` values. In fp32:
+    the fp32 kernels ran 2x faster than the bf16 ones; ``index_select`` along the rows gives
+    the same values as ``gather`` with the index expanded over the heads, 1.3-2.3x faster
+    (2-core AMD EPYC Zen 5, 3-24 heads, window 16)."""
     weight = mlp[0].weight
     device = coords.device.type
     if is_autocast_enabled(device):
@@ -92,8 +94,7 @@ def continuous_position_bias(mlp: nn.Module, coords: torch.Tensor,
         table = mlp(coords.to(weight.dtype))
     table = (16. * torch.sigmoid(table.float())).t().contiguous()
     n = index.shape[0]
-    flat = index.reshape(1, -1).expand(table.shape[0], -1)
-    return torch.gather(table, 1, flat).view(-1, n, n)
+    return table.index_select(1, index.reshape(-1)).view(-1, n, n)
 
 
 class CosineWindowAttention(Attention):
