@@ -713,7 +713,10 @@ class InteractionAdapter(nn.Module):
         c2, c3, c4 = tokens_to_maps(c, c_shapes)
         feats = [c1 + self.up(c2), c2, c3, c4]
         if self.add_vit_feature:
-            vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw)
+            # dense NCHW before the resampling: from the tokens' channels-last strides the
+            # bilinear upsampling returns channels-last maps, and turning the stride-4 one back
+            # into NCHW took 5-9x the upsampling itself (a copy of 768 x H/4 x W/4 values)
+            vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw).contiguous()
             feats = [f + resample_by_stride(vit, s, stride, tuple(f.shape[-2:]), 32 % s == 0)
                      for f, stride in zip(feats, (4, 8, 16, 32))]
         return tuple(
