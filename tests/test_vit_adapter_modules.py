@@ -173,6 +173,8 @@ def test_sampling_as_bags_matches_grid_sample_with_gradients(batch, nq):
 
 
 def test_eager_cpu_samples_as_bags_and_tracing_with_grid_sample(monkeypatch):
+    """The attention picks its sampling core: the bags in eager CPU calls, ``grid_sample``
+    while traced (compile, export, ONNX), and both give its output."""
     calls = []
     for name in ('sample_levels', 'sample_levels_as_bags'):
         core = getattr(modules, name)

@@ -713,10 +713,14 @@ class InteractionAdapter(nn.Module):
         c2, c3, c4 = tokens_to_maps(c, c_shapes)
         feats = [c1 + self.up(c2), c2, c3, c4]
         if self.add_vit_feature:
-            # dense NCHW before the resampling: from the tokens' channels-last strides the
-            # bilinear upsampling returns channels-last maps, and turning the stride-4 one back
-            # into NCHW took 5-9x the upsampling itself (a copy of 768 x H/4 x W/4 values)
-            vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw).contiguous()
+            vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw)
+            if not is_tracing():
+                # dense NCHW before the resampling: from the tokens' channels-last strides
+                # the bilinear upsampling returns channels-last maps, and turning the stride-4
+                # one back into NCHW took 5-9x the upsampling itself (768 x H/4 x W/4 values).
+                # Not while traced: the compiler picks the layouts, and the copy's stride
+                # check put a guard on the stride-14 size (a recompile at every size).
+                vit = vit.contiguous()
             feats = [f + resample_by_stride(vit, s, stride, tuple(f.shape[-2:]), 32 % s == 0)
                      for f, stride in zip(feats, (4, 8, 16, 32))]
         return tuple(
