@@ -24,8 +24,9 @@ import torch
 
 from mmvitswin.core.backbones.swin_v2 import SwinTransformerV2
 from mmvitswin.core.checkpoint import CheckpointError, load_pretrained
-from mmvitswin.core.layers import (CosineWindowAttention, log_spaced_relative_coords,
-                                   pretrained_window_of, window_gather_index)
+from mmvitswin.core.layers import (CosineWindowAttention, continuous_position_bias,
+                                   log_spaced_relative_coords, pretrained_window_of,
+                                   window_gather_index)
 from mmvitswin.core.layers.window import real_query_spans
 from conftest import max_rel_err
 from zoo import perturb_like_trained
@@ -350,6 +351,45 @@ def test_logit_scale_is_clamped_at_log_100():
         below = attn(x)
     assert torch.equal(at_cap, above)
     assert not torch.allclose(at_cap, below)
+
+
+def test_bias_table_is_reused_only_while_its_inputs_keep_their_values():
+    """Eager CPU inference keeps each block's position-bias table between calls. Every change
+    to what it was computed from must recompute it, including edits through ``.data`` (an EMA
+    update), which bump no version counter; with autograd it is never reused."""
+    torch.manual_seed(0)
+    attn = perturbed(CosineWindowAttention(16, 2, (4, 4), cpb_hidden_dims=32))
+    other = perturbed(CosineWindowAttention(16, 2, (4, 4), cpb_hidden_dims=32), seed=1)
+    x = torch.randn(3, 16, 16)
+
+    def fresh():  # from the current weights, nothing kept
+        return continuous_position_bias(attn.cpb_mlp, attn.relative_coords_table,
+                                        attn.relative_position_index)
+
+    with torch.no_grad():
+        kept = attn._bias_table()
+        assert attn._bias_table() is kept
+        assert torch.equal(attn.position_bias(), fresh())
+        before = attn(x)
+        edits = [lambda: attn.cpb_mlp[2].weight.data.mul_(1.5),
+                 lambda: attn.cpb_mlp[0].bias.data.copy_(other.cpb_mlp[0].bias),
+                 lambda: attn.cpb_mlp[0].weight.data.add_(1e-3),
+                 lambda: attn.load_state_dict(other.state_dict()),
+                 lambda: attn.relative_coords_table.mul_(0.5)]
+        for edit in edits:
+            attn._bias_table()  # kept for the values before the edit
+            edit()
+            assert torch.equal(attn.position_bias(), fresh())
+        assert not torch.allclose(attn(x), before)
+        attn.double()
+        assert attn._bias_table().dtype == torch.float32
+        assert torch.equal(attn.position_bias(), fresh())
+    attn.float()
+    with torch.no_grad():
+        attn._bias_table()  # kept for these values
+    assert attn._bias_table().requires_grad  # autograd: computed, so gradients reach the MLP
+    attn(x).square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in attn.cpb_mlp.parameters())
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
