@@ -1069,6 +1069,9 @@ def build_peer(subject, name: str) -> Optional[nn.Module]:
     (the reason in ``subject.peer_errors[name]``, the case goes on without it)."""
     impl, *flags = name.split()
     try:
+        if getattr(subject, 'reference', None):  # the case's baseline is HF's own model
+            raise ValueError(f"the peers are V1 Swins; this case's reference is "
+                             f"{subject.reference!r}: profile it as 'ref'")
         model = PEER_BUILDERS[impl](subject.backbone_cfg, subject.state)
     except Exception as exc:  # noqa: BLE001  (timm missing, an architecture it lacks)
         reason = f'{type(exc).__name__}: {exc}'.splitlines()[0][:300]
