@@ -349,6 +349,35 @@ def test_chunked_linear_equals_f_linear_with_gradients_and_respects_the_switch(
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize('dtype', [torch.bfloat16] + ([torch.float16] if CPU_AUTOCAST_FP16
+                                                      else []))
+def test_linear_in_autocast_inference_casts_per_layer_to_autocasts_values(dtype, monkeypatch):
+    """Eager inference under autocast: ``linear`` casts its operands itself (autocast would keep
+    its copy of every weight until the region ends), to the values autocast's ``F.linear``
+    gives; with autograd, and for fp64 operands, the casting is left to autocast."""
+    from mmvitswin.core.layers import linear as linear_mod
+    torch.manual_seed(0)
+    x = torch.randn(3, 37, 96)
+    layer = linear_mod.Linear(96, 160)
+    seen = []
+    real = linear_mod._cast_for_autocast
+    monkeypatch.setattr(linear_mod, '_cast_for_autocast',
+                        lambda *args: seen.append(real(*args)) or seen[-1])
+    with torch.autocast('cpu', dtype=dtype):
+        want = F.linear(x, layer.weight, layer.bias)
+        with torch.no_grad():
+            got = layer(x)
+        assert [t.dtype for t in seen[-1]] == [dtype] * 3
+        assert got.dtype == dtype and torch.equal(got, want.detach())
+        trained = layer(x)
+        assert all(a is b for a, b in zip(seen[-1], (x, layer.weight, layer.bias)))
+        assert trained.requires_grad and torch.equal(trained, want)
+        with torch.no_grad():
+            double = layer.double()(x.double())
+        assert [t.dtype for t in seen[-1]] == [torch.float64] * 3
+        assert double.dtype == torch.float64
+
+
 @pytest.mark.parametrize('tokens', [64, 640])
 def test_bf16_cpu_attention_uses_sdpa_only_for_long_sequences(tokens, monkeypatch):
     """bf16 on CPU: the fused SDPA kernel from SDPA_BF16_CPU_MIN_TOKENS tokens on, the explicit
