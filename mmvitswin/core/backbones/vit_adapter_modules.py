@@ -61,6 +61,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ..layers import DropPath, build_batch_norm, is_tracing
+from ..layers.linear import Linear
 from ..utils import check_image_input
 from ..validate import check_args, check_number, check_positive_int
 
@@ -264,10 +265,10 @@ class MultiScaleDeformableAttention(nn.Module):
         self.num_heads = num_heads
         self.num_levels = num_levels
         self.num_points = num_points
-        self.sampling_offsets = nn.Linear(embed_dims, num_heads * num_levels * num_points * 2)
-        self.attention_weights = nn.Linear(embed_dims, num_heads * num_levels * num_points)
-        self.value_proj = nn.Linear(embed_dims, value_dims)
-        self.output_proj = nn.Linear(value_dims, embed_dims)
+        self.sampling_offsets = Linear(embed_dims, num_heads * num_levels * num_points * 2)
+        self.attention_weights = Linear(embed_dims, num_heads * num_levels * num_points)
+        self.value_proj = Linear(embed_dims, value_dims)
+        self.output_proj = Linear(value_dims, embed_dims)
         self.dropout = nn.Dropout(dropout)
         self.init_weights()
 
@@ -414,10 +415,10 @@ class ConvFFN(nn.Module):
 
     def __init__(self, embed_dims: int, hidden_dims: int, drop: float = 0.):
         super().__init__()
-        self.fc1 = nn.Linear(embed_dims, hidden_dims)
+        self.fc1 = Linear(embed_dims, hidden_dims)
         self.dwconv = MultiLevelDWConv(hidden_dims)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dims, embed_dims)
+        self.fc2 = Linear(hidden_dims, embed_dims)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor, shapes: Sequence[HW]) -> torch.Tensor:
