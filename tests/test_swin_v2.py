@@ -392,6 +392,32 @@ def test_bias_table_is_reused_only_while_its_inputs_keep_their_values():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in attn.cpb_mlp.parameters())
 
 
+def test_bf16_bias_is_kept_with_its_table_and_only_in_bf16_inference():
+    """bf16 inference keeps the gathered bias beside the table: the values of a fresh gather
+    cast to bf16, dropped with the table on any edit, and not kept in fp32 or with autograd."""
+    torch.manual_seed(0)
+    attn = perturbed(CosineWindowAttention(16, 2, (4, 4), cpb_hidden_dims=32))
+    x = torch.randn(3, 16, 16)
+
+    def fresh():
+        return continuous_position_bias(attn.cpb_mlp, attn.relative_coords_table,
+                                        attn.relative_position_index).to(torch.bfloat16)
+
+    with torch.no_grad():
+        assert attn.position_bias() is not attn.position_bias()  # fp32: gathered per call
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            before = attn(x)
+            kept = attn.position_bias(torch.bfloat16)
+            assert attn.position_bias(torch.bfloat16) is kept
+            assert kept.dtype == torch.bfloat16 and torch.equal(kept, fresh())
+            attn.cpb_mlp[2].weight.data.mul_(1.5)  # no version bump
+            assert torch.equal(attn.position_bias(torch.bfloat16), fresh())
+            assert not torch.equal(attn(x), before)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        bias = attn.position_bias(torch.bfloat16)
+        assert bias.requires_grad and bias is not attn.position_bias(torch.bfloat16)
+
+
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_autocast_is_finite_and_close_to_fp32(hf_narrow, dtype, tmp_path):
     """Zero-padded tokens (k = 0 at every padded position of 45x77) would give 0/0 in a fp16
