@@ -16,8 +16,10 @@ HF's maps. HF adds the -100 shift mask twice (-200 in all), Microsoft and we onc
 oracles' logit scales (5-20) a masked logit is at least 44 below every unmasked one either way
 (a weight below 1e-19), so both give the same fp32 result.
 """
+import copy
 import math
 import os
+import pickle
 
 import pytest
 import torch
@@ -412,7 +414,12 @@ def test_bf16_bias_is_kept_with_its_table_and_only_in_bf16_inference():
             assert kept.dtype == torch.bfloat16 and torch.equal(kept, fresh())
             attn.cpb_mlp[2].weight.data.mul_(1.5)  # no version bump
             assert torch.equal(attn.position_bias(torch.bfloat16), fresh())
-            assert not torch.equal(attn(x), before)
+            after = attn(x)
+            assert not torch.equal(after, before)
+            # not saved with the module: a copy recomputes it, with the same values
+            for twin in (pickle.loads(pickle.dumps(attn)), copy.deepcopy(attn)):
+                assert '_kept_table' not in vars(twin) and torch.equal(twin(x), after)
+            assert '_kept_table' in vars(attn)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         bias = attn.position_bias(torch.bfloat16)
         assert bias.requires_grad and bias is not attn.position_bias(torch.bfloat16)

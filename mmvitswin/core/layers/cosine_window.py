@@ -202,6 +202,13 @@ class CosineWindowAttention(Attention):
                                         None)
         return table
 
+    def __getstate__(self):
+        """Pickling and ``copy.deepcopy`` leave out what :meth:`_bias_table` keeps (up to heads x
+        N x N values per block, recomputed from the weights on the next call)."""
+        state = dict(super().__getstate__())
+        state.pop('_kept_table', None)
+        return state
+
     def _attend(self, q, k, v, bias, masked=False):
         """Cosine logits: q and k unit-normalised (in fp32) and q scaled per head, then the
         plain attention with a unit scale. Heads may share a dim with windows (``(..., nW *
