@@ -29,6 +29,8 @@ from mmvitswin.core.checkpoint import CheckpointError, load_pretrained
 from mmvitswin.core.layers import (CosineWindowAttention, continuous_position_bias,
                                    log_spaced_relative_coords, pretrained_window_of,
                                    window_gather_index)
+from mmvitswin.core.layers.cosine_window import unit_vectors
+from mmvitswin.core.layers.linear import linear
 from mmvitswin.core.layers.window import real_query_spans
 from conftest import max_rel_err
 from zoo import perturb_like_trained
@@ -510,6 +512,36 @@ def test_skipping_padding_queries_and_the_autograd_path_give_the_same_features(d
         # with autograd in bf16 the logits are bf16 products (the AMP tolerance, as above)
         assert max_rel_err(c.float().detach(), b.float()) < (
             1e-5 if dtype == torch.float32 else 5e-2)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_q_and_k_normalised_at_the_projection_give_the_same_features(dtype, monkeypatch):
+    """Eager inference normalises q and k once, on the projected real tokens, instead of in
+    the attention per block of windows: the features must be bit-identical either way."""
+    torch.manual_seed(0)
+    model = perturbed(SwinTransformerV2(**NARROW, window_size=8, drop_path_rate=0.))
+    x = torch.randn(2, 3, 72, 100)  # every stage padded, rows and columns
+    attn = model.stages[1].blocks[1].attn.w_msa
+    tokens = torch.randn(7, 32)
+    low = dict(device_type='cpu', dtype=dtype, enabled=dtype != torch.float32)
+    with torch.no_grad(), torch.autocast(**low):
+        raw = linear(tokens, attn.qkv.weight, attn.qkv_bias()).view(7, 3, 2, 16)
+        got = attn.project(tokens).view(7, 3, 2, 16)
+        scale = attn.logit_scale.clamp(max=math.log(100.)).exp().view(2, 1)
+        assert torch.equal(got[:, 0], (unit_vectors(raw[:, 0]) * scale).to(got.dtype))
+        assert torch.equal(got[:, 1], unit_vectors(raw[:, 1]).to(got.dtype))
+        assert torch.equal(got[:, 2], raw[:, 2])
+        early = model(x)
+        monkeypatch.setattr(CosineWindowAttention, 'normalises_at_projection',
+                            lambda self, qkv: False)
+        late = model(x)
+    assert all(torch.equal(a, b) for a, b in zip(early, late))
+    monkeypatch.undo()
+    # with autograd and in fp16 the attention normalises them (in fp32 for fp16)
+    assert not attn.normalises_at_projection(raw)
+    with torch.no_grad():
+        assert attn.normalises_at_projection(raw)
+        assert not attn.normalises_at_projection(raw.half())
 
 
 def test_gradients_reach_every_parameter_and_with_cp_agrees():
