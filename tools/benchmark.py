@@ -114,9 +114,11 @@ def _swin_speed_rows(kind: str, suffix: str = '') -> list:
             [f'Swin-T {what} bf16{amp} vs ref bf16{suffix}', 'ours bf16', 'ref bf16', 'time']]
 
 
-def _swinv2_rows(prefix: str = 'SwinV2-T') -> list:
-    """Swin V2 forward rows against HF's Swinv2Backbone on the same weights, fp32 and bf16."""
-    return [[f'{prefix} forward {d} vs HF Swinv2Backbone {d}', f'ours {d}', f'ref {d}', 'time']
+def _swinv2_rows(prefix: str = 'SwinV2-T', kind: str = 'forward') -> list:
+    """Swin V2 forward (or train-step: ``kind``) rows against HF's Swinv2Backbone on the same
+    weights, fp32 and bf16 (autocast, for training with the AMP optimizer wrapper)."""
+    what = 'forward' if kind == 'forward' else 'train step'
+    return [[f'{prefix} {what} {d} vs HF Swinv2Backbone {d}', f'ours {d}', f'ref {d}', 'time']
             for d in ('fp32', 'bf16')]
 
 
@@ -170,6 +172,8 @@ PRESETS = {
              rows=_dinov2_rows('simple')),
         dict(model='swinv2_t', kind='forward', scale=0.4, count=6, batch=1,
              rows=_swinv2_rows()),
+        dict(model='swinv2_t', kind='train', scale=0.4, count=3, batch=1,
+             rows=_swinv2_rows(kind='train')),
         dict(model='vit_adapter_dinov2_b_interaction', kind='forward', scale=0.6, count=3,
              batch=1, rows=_dinov2_rows('interaction')),
     ],
