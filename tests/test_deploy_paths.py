@@ -122,14 +122,14 @@ def test_onnx_export_with_dynamic_size_runs_at_another_size(name, tmp_path):
 # ------------------------------------------------------------------------- bounded state
 def _held_bytes(model: torch.nn.Module) -> int:
     """Bytes of every tensor the model holds: parameters, buffers, and any tensor attribute
-    (also inside nested tuples and lists)."""
+    (also inside nested tuples, lists and dicts)."""
     total, seen = 0, set()
 
     def tensors_in(value):
         if isinstance(value, torch.Tensor):
             yield value
-        elif isinstance(value, (tuple, list)):
-            for v in value:
+        elif isinstance(value, (tuple, list, dict)):
+            for v in (value.values() if isinstance(value, dict) else value):
                 yield from tensors_in(v)
 
     for module in model.modules():
@@ -143,7 +143,7 @@ def _held_bytes(model: torch.nn.Module) -> int:
 
 
 def _kept_bias_table_bytes(model: torch.nn.Module, bf16: bool = False) -> int:
-    """What Swin V2's blocks keep between inference calls (``CosineWindowAttention._bias_table``):
+    """What Swin V2's blocks keep between inference calls (``CosineWindowAttention._kept``):
     per block the (heads, rows) fp32 table and a copy of the MLP and coordinates it came from;
     after bf16 calls (``bf16``) also the gathered (heads, N, N) bf16 bias."""
     from mmvitswin.core.layers import CosineWindowAttention

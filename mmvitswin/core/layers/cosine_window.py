@@ -10,7 +10,7 @@
   always computed in fp32 (outside autocast): it is small, bounded, and fp16 would round it
   (bf16 inference casts the result, as SDPA reads its bias in q's dtype). Eager CPU inference
   keeps each block's ``(heads, rows)`` table while the weights it came from keep their values
-  (:meth:`CosineWindowAttention._bias_table`).
+  (:meth:`CosineWindowAttention._kept`).
 - :class:`CosineWindowAttention`: ``softmax(cos(q, k) * exp(min(logit_scale, log 100)) + bias +
   mask) v`` inside windows. The qkv projection has no bias of its own but ``q_bias`` and
   ``v_bias`` (no key bias), as every released Swin V2. q and k are normalised in fp32, so
@@ -159,51 +159,58 @@ class CosineWindowAttention(Attention):
         """The continuous position bias ``(heads, N, N)`` of this window in ``dtype`` (computed
         in fp32, then cast).
 
-        In bf16 the gathered bias is kept with the table it came from (:meth:`_bias_table`,
-        so under the same conditions and dropped with it): SDPA reads it in bf16, and gathering
-        and casting ``heads x N x N`` values per block on every call cost more than the rest of
+        In bf16 the gathered bias is kept with the table it came from (:meth:`_kept`, so under
+        the same conditions and dropped with it): SDPA reads it in bf16, and gathering and
+        casting ``heads x N x N`` values per block on every call cost more than the rest of
         the bias (a SwinV2-T bf16 forward 4-8 % faster with it kept; no gain in fp32, where it
         is not kept).
         """
-        table = self._bias_table()
-        kept = self.__dict__.get('_kept_table')
-        keep = dtype == torch.bfloat16 and kept is not None and kept[1] is table
-        if keep and kept[2] is not None:
-            return kept[2]
+        kept = self._kept()
+        if kept is not None and dtype == torch.bfloat16 and kept['bias'] is not None:
+            return kept['bias']
+        table = cpb_table(self.cpb_mlp, self.relative_coords_table) if kept is None \
+            else kept['table']
         bias = continuous_position_bias(self.cpb_mlp, self.relative_coords_table,
                                         self.relative_position_index, table).to(dtype)
-        if keep:
-            self.__dict__['_kept_table'] = (*kept[:2], bias)
+        if kept is not None and dtype == torch.bfloat16:
+            kept['bias'] = bias
         return bias
 
     def _bias_table(self) -> torch.Tensor:
-        """:func:`cpb_table` of this block, reused between eager CPU calls without autograd.
+        """:func:`cpb_table` of this block: the kept one where :meth:`_kept` keeps it."""
+        kept = self._kept()
+        return cpb_table(self.cpb_mlp, self.relative_coords_table) if kept is None \
+            else kept['table']
+
+    def _kept(self) -> Optional[dict]:
+        """What this block keeps between eager CPU calls without autograd (None elsewhere): its
+        :func:`cpb_table` (``'table'``), the bf16 bias gathered from it once a bf16 call needs
+        it (``'bias'``, :meth:`position_bias`), and copies of what they were computed from.
 
         The table depends on the weights only, not on the input, and inference runs the same
         weights call after call: keeping it made a SwinV2-T forward 3-4 % faster in bf16 and
         2-5 % in fp32 (the detection recipe's sizes x0.4, 2-core AMD EPYC Zen 5; the MLP is
-        ``rows x 2 -> 512 -> heads`` per block, on thin shapes). The table is kept with a copy of
-        everything it was computed from (the MLP's parameters and the coordinates), and reused
-        only while those hold the same values, compared exactly: an edit of any kind (an
+        ``rows x 2 -> 512 -> heads`` per block, on thin shapes). The record holds a copy of
+        everything it was computed from (the MLP's parameters and the coordinates), and is
+        reused only while those hold the same values, compared exactly: an edit of any kind (an
         optimizer step, a checkpoint load, an EMA update through ``.data``, a dtype or device
-        change) recomputes it. Not on other devices (the comparison would wait for the
+        change) replaces it. Not on other devices (the comparison would wait for the
         device), not under tracing (the graph computes it), not with autograd (gradients flow
         through the MLP).
         """
         inputs = (self.relative_coords_table, *self.cpb_mlp.parameters())
         if (is_tracing() or any(t.device.type != 'cpu' for t in inputs)
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in inputs))):
-            return cpb_table(self.cpb_mlp, self.relative_coords_table)
+            return None
         kept = self.__dict__.get('_kept_table')
-        if kept is not None and _same_tensors(kept[0], inputs):
-            return kept[1]
-        table = cpb_table(self.cpb_mlp, self.relative_coords_table)
-        self.__dict__['_kept_table'] = (tuple(t.detach().clone() for t in inputs), table,
-                                        None)
-        return table
+        if kept is None or not _same_tensors(kept['inputs'], inputs):
+            kept = self.__dict__['_kept_table'] = dict(
+                inputs=tuple(t.detach().clone() for t in inputs),
+                table=cpb_table(self.cpb_mlp, self.relative_coords_table), bias=None)
+        return kept
 
     def __getstate__(self):
-        """Pickling and ``copy.deepcopy`` leave out what :meth:`_bias_table` keeps (up to heads x
+        """Pickling and ``copy.deepcopy`` leave out what :meth:`_kept` keeps (up to heads x
         N x N values per block, recomputed from the weights on the next call)."""
         state = dict(super().__getstate__())
         state.pop('_kept_table', None)
