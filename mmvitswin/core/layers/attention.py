@@ -127,8 +127,10 @@ class Attention(nn.Module):
                 bias = bias.to(q.dtype)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
-        # scaling the product in place saves keeping a scaled copy of q for backward
-        attn = (q @ k.transpose(-2, -1)).mul_(self.scale)
+        attn = q @ k.transpose(-2, -1)
+        if self.scale != 1.:  # (cosine attention scales q itself: no pass over N x N then)
+            # scaling the product in place saves keeping a scaled copy of q for backward
+            attn = attn.mul_(self.scale)
         # Half-precision logits: in inference the softmax runs in fp32 (faster on CPU, and
         # exact); with autograd it stays in the logits' dtype so that the probabilities kept
         # for backward take half the memory.

@@ -296,12 +296,13 @@ class CosineWindowAttention(Attention):
         bw, n, _ = qkv.shape
         nw = 1 if mask is None else mask.shape[0]
         heads, head_dim = self.num_heads, self.head_dim
-        # SDPA reads the bias in q's dtype: in bf16 inference build it there (the per-window
-        # sum is nW * heads * 256 * 256 values per block at window 16: half the bytes, and
-        # no fp32 sum to cast). A masked entry (-100 + bias) may then round differently; its
-        # weight is below e**-80 either way.
+        # In bf16 the logits the bias is added to are bf16 (SDPA reads its bias in q's dtype;
+        # with autograd the explicit path adds it in the logits' dtype), so the bias is built
+        # there: the per-window sum is nW * heads * 256 * 256 values per block at window 16,
+        # half the bytes, and no fp32 sum to cast. A masked entry (-100 + bias) may then round
+        # differently; its weight is below e**-80 either way.
         grads = torch.is_grad_enabled() and any(p.requires_grad for p in self.cpb_mlp.parameters())
-        low = self.use_sdpa and qkv.dtype == torch.bfloat16 and not grads
+        low = qkv.dtype == torch.bfloat16 and (self.use_sdpa or grads)
         bias = self.position_bias(qkv.dtype if low else torch.float32)
         if mask is not None:  # one bias per window and head: (nW, heads, N, N)
             bias = mask.to(bias.dtype).unsqueeze(1) + bias
