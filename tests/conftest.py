@@ -23,6 +23,22 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_default_scope():
+    """MMEngine keeps every ``DefaultScope`` a Runner creates, and the latest one decides where
+    a registry build looks: a test's Runner with ``default_scope='mmengine'`` would send later
+    tests' builds in the same worker to mmengine's root registry. Drop what a test created."""
+    try:
+        from mmengine.registry import DefaultScope
+    except ImportError:  # the torch-only core's tests run without OpenMMLab too
+        yield
+        return
+    before = dict(DefaultScope._instance_dict)
+    yield
+    DefaultScope._instance_dict.clear()
+    DefaultScope._instance_dict.update(before)
+
+
 def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (0 for two zero tensors)."""
     scale = b.abs().max().clamp_min(1e-12)

@@ -61,17 +61,21 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     indices and the mask are recomputed from the sizes on every call (a few small integer
     ops), so nothing is cached and every size traces the same way.
 
-    Eager inference projects the real tokens only: q/k/v before the partition (a zero padding
+    Eager mode projects the real tokens only: q/k/v before the partition (a zero padding
     token projects to the projection's bias, which is what the padding of the projected
     windows holds: ``attn.projected_zero``), the output after the merge (padding outputs are
-    dropped anyway), and the attention may skip the padding's queries (``real_queries``:
-    :func:`~.window.real_query_spans`). Same function as projecting the padded windows,
-    without the padding's rows in the products: up to 2x fewer rows on small maps, which are
-    padded to whole windows. With autograd the padded windows are projected: the gather's
-    backward (an index_add) then moves C channels instead of 3C (bf16 train step 10-18 %
-    slower the other way, Swin-T, 2-core AMD EPYC Zen 5). So are traced ones (compile,
-    export): the same graph as before, whose dynamic-shape compile of the video Swin took 133
-    s against 198 s for the other order.
+    dropped anyway); in inference the attention also skips the padding's queries
+    (``real_queries``: :func:`~.window.real_query_spans`). Same function as projecting the
+    padded windows, without the padding's rows in the products: up to 2x fewer rows on small
+    maps, which are padded to whole windows. With autograd it costs the gather's backward (an
+    ``index_add``) on 3C channels instead of C, and still measured faster (train step, sizes
+    x0.4, 2-core AMD EPYC Zen 5: SwinV2-T fp32 9-11 %, bf16 -2 to +6 %; Swin-T fp32 1-6 %,
+    bf16 -2 to +3.5 %; the video Swin-T fp32 5 %, bf16 no change; Zen 4: SwinV2-T fp32 3-17 %,
+    bf16 11-13 %, Swin-T fp32 15 %, bf16 2-3.5 %). Skipping the padding's
+    queries with autograd did not pay (its blocks of windows cost more than the rows saved).
+    Traced calls (compile, export) project the padded windows: the same graph as before,
+    whose dynamic-shape compile of the video Swin took 133 s against 198 s for the other
+    order.
 
     ``clamp_to_input``: shrink the window (and drop the shift) along dims where the input is not
     larger than the window, as the video Swin does; the 2-D Swin keeps mmdet's full windows.
@@ -81,7 +85,7 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     if clamp_to_input:
         window, shift = effective_window(tuple(x.shape[1:-1]), window, shift)
     device = x.device.type
-    if torch.is_grad_enabled() or is_tracing():
+    if is_tracing():
         if x.dtype == torch.float32 and is_autocast_enabled(device):
             # the projection casts its input to autocast's dtype anyway: cast before the
             # window gather, which then moves half the bytes (same values either way)
@@ -91,7 +95,8 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
         return merge_windows(attn(windows, mask), scatter, x.shape)
     qkv = attn.project(x)
     windows, scatter, padded = partition_windows(qkv, window, shift, attn.projected_zero())
-    real = real_query_spans(tuple(x.shape[1:-1]), window, shift)
+    real = None if torch.is_grad_enabled() else \
+        real_query_spans(tuple(x.shape[1:-1]), window, shift)
     out = attn.attend_windows(windows, _mask(padded, window, shift, qkv), real_queries=real)
     return attn.output(merge_windows(out, scatter, x.shape))  # heads merged: C channels
 
