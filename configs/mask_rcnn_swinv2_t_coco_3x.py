@@ -4,4 +4,4 @@ _base_ = ['./_base_/models/mask_rcnn_swin_fpn.py', './_base_/datasets/coco_insta
           './_base_/schedules/schedule_3x.py', './_base_/det_runtime.py', './_base_/swinv2.py']
 custom_imports = dict(imports=['mmvitswin'], allow_failed_imports=False)
 model = dict(backbone={{_base_.swinv2_backbone}}, neck=dict(in_channels=[96, 192, 384, 768]))
-optim_wrapper = dict(paramwise_cfg={{_base_.swinv2_paramwise_cfg}})
+optim_wrapper = {{_base_.swinv2_optim_wrapper}}

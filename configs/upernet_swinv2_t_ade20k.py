@@ -15,4 +15,4 @@ model = dict(
     backbone={{_base_.swinv2_seg_backbone}},
     decode_head=dict(in_channels=[96, 192, 384, 768], num_classes=150),
     auxiliary_head=dict(in_channels=384, num_classes=150))
-optim_wrapper = dict(paramwise_cfg={{_base_.swinv2_paramwise_cfg}})
+optim_wrapper = {{_base_.swinv2_optim_wrapper}}

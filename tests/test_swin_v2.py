@@ -622,6 +622,8 @@ def test_config_recipe_values(name):
     assert bb.drop_path_rate == drop_path and 'qk_scale' not in bb
     assert bb.init_cfg.checkpoint == ('https://github.com/SwinTransformer/storage/releases/'
                                       f'download/v2.0.0/swinv2_{arch}_patch4_window16_256.pth')
+    assert cfg.optim_wrapper.constructor == 'GroupedOptimWrapperConstructor'
+    assert cfg.optim_wrapper.optimizer.fused == 'auto'
     paramwise = cfg.optim_wrapper.paramwise_cfg
     assert {k: v['decay_mult'] for k, v in paramwise.custom_keys.items()} == {
         'cpb_mlp': 0., 'logit_scale': 0., 'q_bias': 0., 'v_bias': 0.}
@@ -638,6 +640,89 @@ def test_config_recipe_values(name):
         assert cfg.train_cfg.max_iters == length
         assert cfg.model.decode_head.in_channels == [dims * 2**i for i in range(4)]
         assert cfg.model.auxiliary_head.in_channels == dims * 4
+
+
+def test_config_optimizer_gives_mmengines_settings_fused():
+    """The configs' optimizer (GroupedOptimWrapperConstructor, fused='auto') on a small Swin V2:
+    every parameter gets the lr and weight decay mmengine's default constructor gives it for
+    the same paramwise_cfg (the oracle; decay 0 for the bias MLP, logit scales, q/v biases and
+    norms), in a few groups, with torch's fused AdamW where this torch has one on the CPU."""
+    mmengine = pytest.importorskip('mmengine')
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import DefaultScope
+    import mmvitswin  # noqa: F401  (registers the constructor)
+    cfg = mmengine.Config.fromfile(os.path.join(ROOT, 'configs', 'mask_rcnn_swinv2_t_coco.py'))
+    model = torch.nn.Module()
+    model.backbone = SwinTransformerV2(embed_dims=16, depths=(2, 2), num_heads=(1, 2),
+                                       strides=(4, 2), window_size=4,
+                                       out_indices=(0, 1))
+    ref_cfg = copy.deepcopy(cfg.optim_wrapper.to_dict())
+    del ref_cfg['constructor'], ref_cfg['optimizer']['fused']
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):  # as the Runner builds it
+        ours = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper.to_dict())).optimizer
+        ref = build_optim_wrapper(model, ref_cfg).optimizer
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def settings(opt):
+        return {names[id(p)]: (g['lr'], g['weight_decay']) for g in opt.param_groups
+                for p in g['params']}
+    expected = settings(ref)
+    assert settings(ours) == expected and len(expected) == len(names)
+    assert expected['backbone.stages.0.blocks.0.attn.w_msa.logit_scale'][1] == 0.
+    assert expected['backbone.stages.0.blocks.0.attn.w_msa.qkv.weight'][1] == 0.05
+    distinct = {tuple(sorted((k, repr(v)) for k, v in g.items() if k != 'params'))
+                for g in ref.param_groups}  # mmengine: one group per tensor
+    assert len(ours.param_groups) == len(distinct) < len(ref.param_groups) == len(names)
+    try:
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)
+        has_fused = True
+    except (RuntimeError, TypeError, ValueError):
+        has_fused = False
+    assert all(bool(g.get('fused')) == has_fused for g in ours.param_groups)
+
+
+@pytest.mark.parametrize('precision', ['fp32', 'bf16'])
+@pytest.mark.parametrize('name', ['mask_rcnn_swinv2_t_coco.py', 'upernet_swinv2_t_ade20k.py'])
+def test_config_trains_two_steps(name, precision):
+    """A Swin V2 config's model (one block per stage, the widths kept) takes two optimisation
+    steps through the config's own optimizer (the grouped constructor, fused AdamW where torch
+    has it) and, for bf16, the CPU AMP wrapper ``tools/train.py --amp`` selects, on odd-size
+    images: finite losses, and the V2-only parameters (logit scales, the bias MLP, q bias)
+    move. (S/B share these settings: test_config_recipe_values.)"""
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmseg')
+    import mmengine
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import DefaultScope
+    import mmvitswin  # noqa: F401
+    from mmvitswin.openmmlab.engine.amp import apply_amp
+    from mmvitswin.openmmlab.engine.launch import replace_sync_bn
+    from test_foundation_configs import _det_batch, _seg_batch
+    cfg = mmengine.Config.fromfile(os.path.join(ROOT, 'configs', name))
+    replace_sync_bn(cfg.model)
+    cfg.model.backbone.update(depths=[1, 1, 1, 1], init_cfg=None)
+    if precision == 'bf16':
+        apply_amp(cfg.optim_wrapper, cuda=False, dtype='bf16')
+    seg = 'decode_head' in cfg.model
+    if seg:
+        from mmseg.registry import MODELS
+        cfg.model.data_preprocessor.update(size=None, size_divisor=32)
+    else:
+        from mmdet.registry import MODELS
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        model = MODELS.build(cfg.model)
+        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    watched = ['stages.0.blocks.0.attn.w_msa.logit_scale', 'stages.3.blocks.0.attn.w_msa.q_bias',
+               'stages.2.blocks.0.attn.w_msa.cpb_mlp.0.weight']
+    before = {n: model.backbone.get_parameter(n).detach().clone() for n in watched}
+    batch = _seg_batch(cfg.model.decode_head.num_classes) if seg else _det_batch()
+    model.train()
+    for _ in range(2):
+        log = model.train_step(batch, wrapper)
+        assert log and all(torch.isfinite(v).all() for v in log.values()), log
+    for n, value in before.items():
+        assert not torch.equal(value, model.backbone.get_parameter(n)), n
 
 
 def test_release_window_settings_load_the_release_layout(tmp_path):

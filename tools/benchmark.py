@@ -117,7 +117,7 @@ def _swin_speed_rows(kind: str, suffix: str = '') -> list:
 def _swinv2_rows(prefix: str = 'SwinV2-T', kind: str = 'forward') -> list:
     """Swin V2 forward (or train-step: ``kind``) rows against HF's Swinv2Backbone on the same
     weights, fp32 and bf16 (autocast, for training with the AMP optimizer wrapper)."""
-    what = 'forward' if kind == 'forward' else 'train step'
+    what = 'forward' if kind == 'forward' else 'train step (fused AdamW)'
     return [[f'{prefix} {what} {d} vs HF Swinv2Backbone {d}', f'ours {d}', f'ref {d}', 'time']
             for d in ('fp32', 'bf16')]
 
@@ -172,7 +172,9 @@ PRESETS = {
              rows=_dinov2_rows('simple')),
         dict(model='swinv2_t', kind='forward', scale=0.4, count=6, batch=1,
              rows=_swinv2_rows()),
-        dict(model='swinv2_t', kind='train', scale=0.4, count=3, batch=1,
+        # fused AdamW on both sides: what HF's Trainer runs by default (optim
+        # 'adamw_torch_fused') and what our Swin V2 configs ask for (fused='auto')
+        dict(model='swinv2_t', kind='train', scale=0.4, count=3, batch=1, fused_adamw=True,
              rows=_swinv2_rows(kind='train')),
         dict(model='vit_adapter_dinov2_b_interaction', kind='forward', scale=0.6, count=3,
              batch=1, rows=_dinov2_rows('interaction')),
@@ -370,7 +372,8 @@ def _peak_child() -> int:
     peaks = {}
     for name in spec['names']:
         model = subject.variant(name)
-        call = make_variant_call(spec['case']['kind'], model, name, device)
+        call = make_variant_call(spec['case']['kind'], model, name, device,
+                                 spec['case'].get('fused_adamw', False))
         call(subject.make_input(tuple(spec['warmup']), 0))
         x = subject.make_input(tuple(spec['size']), spec['index'])
         peaks[name] = peak_bytes(lambda: call(x), device)
@@ -673,22 +676,29 @@ def _levels(out) -> List[torch.Tensor]:
     return [out] if isinstance(out, torch.Tensor) else list(out)
 
 
-def optim_wrapper(model: nn.Module, dtype: str, device):
-    """The optim wrapper tools/train.py (--amp) would use: AdamW, plus autocast for bf16/fp16."""
+def optim_wrapper(model: nn.Module, dtype: str, device, fused: bool = False):
+    """The optim wrapper tools/train.py (--amp) would use: AdamW, plus autocast for bf16/fp16.
+    ``fused``: torch's fused AdamW kernel where this torch has one for ``device`` (what our
+    Swin V2 configs' ``fused='auto'`` and HF's ``Trainer`` by default run), its default
+    otherwise."""
     from mmvitswin.openmmlab.engine.amp import apply_amp
     from mmvitswin.openmmlab.registry import OPTIM_WRAPPERS
     cfg = dict(type='OptimWrapper')
     if dtype != 'fp32':
         apply_amp(cfg, device.type == 'cuda', dtype)
     params = [p for p in model.parameters() if p.requires_grad]
-    cfg['optimizer'] = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05)
+    try:
+        cfg['optimizer'] = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05,
+                                             fused=True if fused else None)
+    except (RuntimeError, TypeError, ValueError):  # no fused kernel here
+        cfg['optimizer'] = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05)
     return OPTIM_WRAPPERS.build(cfg)
 
 
-def make_variant_call(kind: str, model: nn.Module, name: str, device):
+def make_variant_call(kind: str, model: nn.Module, name: str, device, fused: bool = False):
     """:func:`make_call` for variant ``name``, run with the fast path forced off (' plain') or
     on (' fast') where the name says so, the switch's previous setting restored after."""
-    call = make_call(kind, model, name.split()[1], device)
+    call = make_call(kind, model, name.split()[1], device, fused)
     flags = name.split()[2:]
     forced = True if 'fast' in flags else False if 'plain' in flags else None
     if forced is None:
@@ -703,15 +713,16 @@ def make_variant_call(kind: str, model: nn.Module, name: str, device):
     return switched
 
 
-def make_call(kind: str, model: nn.Module, dtype: str, device):
-    """The timed work of one variant: ``call(input)``."""
+def make_call(kind: str, model: nn.Module, dtype: str, device, fused: bool = False):
+    """The timed work of one variant: ``call(input)``; ``fused``: the train step's AdamW is
+    the fused kernel (:func:`optim_wrapper`)."""
     if kind in ('forward', 'rss'):
         def call(x):
             with torch.no_grad(), compat.autocast(device.type, DTYPES[dtype],
                                                   enabled=dtype != 'fp32'):
                 return model(x)
         return call
-    wrapper = optim_wrapper(model, dtype, device)
+    wrapper = optim_wrapper(model, dtype, device, fused)
     if kind == 'whole':  # what the Runner does: preprocess + loss under optim_context, update
         return lambda batch: model.train_step(copy.deepcopy(batch), wrapper)
 
@@ -750,7 +761,8 @@ def run_case(case: dict, args, device) -> dict:
     for name in names:
         model = subject.variant(name)
         if model is not None:
-            calls[name] = make_variant_call(case['kind'], model, name, device)
+            calls[name] = make_variant_call(case['kind'], model, name, device,
+                                            case.get('fused_adamw', False))
     record = dict(case=case, sizes=sizes, variants={n: dict(first=[], again=[]) for n in calls})
 
     def run(name, fn):

