@@ -78,6 +78,20 @@ def _seg_batch(num_classes: int):
     return dict(inputs=inputs, data_samples=samples)
 
 
+def train_two_steps(model, wrapper, trunk, watched, seg_classes=None) -> None:
+    """Two ``train_step`` calls of ``model`` through ``wrapper`` on odd-size images (a
+    segmentation batch of ``seg_classes`` classes, else a detection batch): the losses are
+    finite and every parameter of ``trunk`` named in ``watched`` moves."""
+    before = {n: trunk.get_parameter(n).detach().clone() for n in watched}
+    batch = _det_batch() if seg_classes is None else _seg_batch(seg_classes)
+    model.train()
+    for _ in range(2):
+        log = model.train_step(batch, wrapper)
+        assert log and all(torch.isfinite(v).all() for v in log.values()), log
+    for name, value in before.items():
+        assert not torch.equal(value, trunk.get_parameter(name)), name
+
+
 @pytest.mark.parametrize('name', CONFIGS)
 def test_foundation_config_trains_two_bf16_amp_steps(name):
     import mmvitswin  # noqa: F401
@@ -111,11 +125,5 @@ def test_foundation_config_trains_two_bf16_amp_steps(name):
                if n in ('blocks.0.attn.qkv.weight', 'patch_embed.proj.weight')
                or n.endswith(('blocks.3.ls2.gamma', 'register_tokens', 'rel_pos_h'))]
     assert len(watched) >= 2, watched
-    before = {n: trunk.get_parameter(n).detach().clone() for n in watched}
-    batch = _seg_batch(cfg.model.decode_head.num_classes) if seg else _det_batch()
-    model.train()
-    for _ in range(2):
-        log = model.train_step(batch, wrapper)
-        assert log and all(torch.isfinite(v).all() for v in log.values()), log
-    for name_, value in before.items():
-        assert not torch.equal(value, trunk.get_parameter(name_)), name_
+    train_two_steps(model, wrapper, trunk, watched,
+                    cfg.model.decode_head.num_classes if seg else None)
