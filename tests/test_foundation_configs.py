@@ -78,6 +78,34 @@ def _seg_batch(num_classes: int):
     return dict(inputs=inputs, data_samples=samples)
 
 
+def build_to_train(cfg, precision: str = 'bf16'):
+    """``cfg``'s model and the optimizer its own ``optim_wrapper`` builds, as tools/train.py
+    sets them up on a CPU (SyncBN replaced; ``precision='bf16'``: the ``--amp`` wrapper), in
+    the config's scope; segmentation models pass odd sizes through (padded to 32). Returns
+    ``(model, wrapper, seg_classes)``, ``seg_classes`` None for a detector."""
+    import mmvitswin  # noqa: F401
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import DefaultScope
+    from mmvitswin.openmmlab.engine.amp import apply_amp
+    from mmvitswin.openmmlab.engine.launch import replace_sync_bn
+
+    replace_sync_bn(cfg.model)
+    if precision == 'bf16':
+        apply_amp(cfg.optim_wrapper, cuda=False, dtype='bf16')
+    seg = 'decode_head' in cfg.model
+    if seg:
+        from mmseg.registry import MODELS
+        cfg.model.data_preprocessor.size = None  # odd sizes straight through (padded to 32)
+        cfg.model.data_preprocessor.size_divisor = 32
+    else:
+        from mmdet.registry import MODELS
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope('mmseg' if seg else 'mmdet'):
+        model = MODELS.build(cfg.model)
+        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    return model, wrapper, cfg.model.decode_head.num_classes if seg else None
+
+
 def train_two_steps(model, wrapper, trunk, watched, seg_classes=None) -> None:
     """Two ``train_step`` calls of ``model`` through ``wrapper`` on odd-size images (a
     segmentation batch of ``seg_classes`` classes, else a detection batch): the losses are
@@ -94,29 +122,11 @@ def train_two_steps(model, wrapper, trunk, watched, seg_classes=None) -> None:
 
 @pytest.mark.parametrize('name', CONFIGS)
 def test_foundation_config_trains_two_bf16_amp_steps(name):
-    import mmvitswin  # noqa: F401
     from mmengine.config import Config
-    from mmengine.optim import build_optim_wrapper
-    from mmengine.registry import DefaultScope
-    from mmvitswin.openmmlab.engine.amp import apply_amp
-    from mmvitswin.openmmlab.engine.launch import replace_sync_bn
 
     cfg = Config.fromfile(osp.join(ROOT, 'configs', name))
-    replace_sync_bn(cfg.model)
     family = _narrow(cfg)
-    apply_amp(cfg.optim_wrapper, cuda=False, dtype='bf16')
-    seg = 'decode_head' in cfg.model
-    scope = 'mmseg' if seg else 'mmdet'
-    if seg:
-        from mmseg.registry import MODELS
-        cfg.model.data_preprocessor.size = None  # odd sizes straight through (padded to 32)
-        cfg.model.data_preprocessor.size_divisor = 32
-    else:
-        from mmdet.registry import MODELS
-    torch.manual_seed(0)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = MODELS.build(cfg.model)
-        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    model, wrapper, seg_classes = build_to_train(cfg, 'bf16')
     trunk = model.backbone
     for attr, value in FAMILY[family].items():
         assert getattr(trunk, attr) == value, (attr, getattr(trunk, attr))
@@ -125,5 +135,4 @@ def test_foundation_config_trains_two_bf16_amp_steps(name):
                if n in ('blocks.0.attn.qkv.weight', 'patch_embed.proj.weight')
                or n.endswith(('blocks.3.ls2.gamma', 'register_tokens', 'rel_pos_h'))]
     assert len(watched) >= 2, watched
-    train_two_steps(model, wrapper, trunk, watched,
-                    cfg.model.decode_head.num_classes if seg else None)
+    train_two_steps(model, wrapper, trunk, watched, seg_classes)

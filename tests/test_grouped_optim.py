@@ -84,7 +84,8 @@ def _train(model, optimizer, steps=4):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _fused_adamw_on_cpu() -> bool:
+def fused_adamw_on_cpu() -> bool:
+    """Whether this torch has a fused AdamW kernel for CPU tensors (torch >= 2.4)."""
     try:
         torch.optim.AdamW([nn.Parameter(torch.zeros(2))], fused=True)
     except RuntimeError:
@@ -104,7 +105,7 @@ def test_training_steps_equal_mmengines_and_fused_where_supported():
         optimizer = build(model, constructor, **extra)
         runs[key] = _train(model, optimizer)
         if key == 'fused':
-            assert bool(optimizer.defaults.get('fused')) == _fused_adamw_on_cpu()
+            assert bool(optimizer.defaults.get('fused')) == fused_adamw_on_cpu()
     moved = max((runs['ref'][n] - p).abs().max() for n, p in start.named_parameters())
     assert moved > 1e-3  # the steps changed the weights
     for name, ref in runs['ref'].items():
@@ -131,7 +132,7 @@ def test_without_paramwise_cfg_one_group_and_fused():
     optimizer = build(Detector(), 'mmvitswin.GroupedOptimWrapperConstructor', paramwise=None,
                       fused='auto')
     assert len(optimizer.param_groups) == 1
-    assert bool(optimizer.defaults.get('fused')) == _fused_adamw_on_cpu()
+    assert bool(optimizer.defaults.get('fused')) == fused_adamw_on_cpu()
 
 
 def test_state_dict_resumes_with_the_same_constructor_not_across():

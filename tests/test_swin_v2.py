@@ -651,6 +651,7 @@ def test_config_optimizer_gives_mmengines_settings_fused():
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import DefaultScope
     import mmvitswin  # noqa: F401  (registers the constructor)
+    from test_grouped_optim import fused_adamw_on_cpu
     cfg = mmengine.Config.fromfile(os.path.join(ROOT, 'configs', 'mask_rcnn_swinv2_t_coco.py'))
     model = torch.nn.Module()
     model.backbone = SwinTransformerV2(embed_dims=16, depths=(2, 2), num_heads=(1, 2),
@@ -673,12 +674,7 @@ def test_config_optimizer_gives_mmengines_settings_fused():
     distinct = {tuple(sorted((k, repr(v)) for k, v in g.items() if k != 'params'))
                 for g in ref.param_groups}  # mmengine: one group per tensor
     assert len(ours.param_groups) == len(distinct) < len(ref.param_groups) == len(names)
-    try:
-        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)
-        has_fused = True
-    except (RuntimeError, TypeError, ValueError):
-        has_fused = False
-    assert all(bool(g.get('fused')) == has_fused for g in ours.param_groups)
+    assert all(bool(g.get('fused')) == fused_adamw_on_cpu() for g in ours.param_groups)
 
 
 @pytest.mark.parametrize('precision', ['fp32', 'bf16'])
@@ -692,32 +688,15 @@ def test_config_trains_two_steps(name, precision):
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
     import mmengine
-    from mmengine.optim import build_optim_wrapper
-    from mmengine.registry import DefaultScope
-    import mmvitswin  # noqa: F401
-    from mmvitswin.openmmlab.engine.amp import apply_amp
-    from mmvitswin.openmmlab.engine.launch import replace_sync_bn
-    from test_foundation_configs import train_two_steps
+    from test_foundation_configs import build_to_train, train_two_steps
     cfg = mmengine.Config.fromfile(os.path.join(ROOT, 'configs', name))
-    replace_sync_bn(cfg.model)
     cfg.model.backbone.update(depths=[1, 1, 1, 1], init_cfg=None)
-    if precision == 'bf16':
-        apply_amp(cfg.optim_wrapper, cuda=False, dtype='bf16')
-    seg = 'decode_head' in cfg.model
-    if seg:
-        from mmseg.registry import MODELS
-        cfg.model.data_preprocessor.update(size=None, size_divisor=32)
-    else:
-        from mmdet.registry import MODELS
-    torch.manual_seed(0)
-    with DefaultScope.overwrite_default_scope(cfg.default_scope):
-        model = MODELS.build(cfg.model)
-        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    model, wrapper, seg_classes = build_to_train(cfg, precision)
     train_two_steps(model, wrapper, model.backbone,
                     ['stages.0.blocks.0.attn.w_msa.logit_scale',
                      'stages.3.blocks.0.attn.w_msa.q_bias',
                      'stages.2.blocks.0.attn.w_msa.cpb_mlp.0.weight'],
-                    cfg.model.decode_head.num_classes if seg else None)
+                    seg_classes)
 
 
 def test_release_window_settings_load_the_release_layout(tmp_path):

@@ -682,17 +682,14 @@ def optim_wrapper(model: nn.Module, dtype: str, device, fused: bool = False):
     Swin V2 configs' ``fused='auto'`` and HF's ``Trainer`` by default run), its default
     otherwise."""
     from mmvitswin.openmmlab.engine.amp import apply_amp
-    from mmvitswin.openmmlab.registry import OPTIM_WRAPPERS
-    cfg = dict(type='OptimWrapper')
+    from mmvitswin.openmmlab.engine.grouped import GroupedOptimWrapperConstructor
+    cfg = dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-4, weight_decay=0.05))
+    if fused:
+        cfg['optimizer']['fused'] = 'auto'
     if dtype != 'fp32':
         apply_amp(cfg, device.type == 'cuda', dtype)
-    params = [p for p in model.parameters() if p.requires_grad]
-    try:
-        cfg['optimizer'] = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05,
-                                             fused=True if fused else None)
-    except (RuntimeError, TypeError, ValueError):  # no fused kernel here
-        cfg['optimizer'] = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05)
-    return OPTIM_WRAPPERS.build(cfg)
+    # no paramwise_cfg: one param group, as torch's AdamW over model.parameters()
+    return GroupedOptimWrapperConstructor(cfg)(model)
 
 
 def make_variant_call(kind: str, model: nn.Module, name: str, device, fused: bool = False):
