@@ -6,10 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmvitswin.core.compat import CPU_AUTOCAST_FP16
-from mmvitswin.core.layers import (FFN, WindowAttention, fast_path_active, pad_to_multiple,
-                                     set_fast_path, shift_window_mask, window_gather_index,
-                                     window_partition, window_reverse)
+from mmvitswin.core.compat import COMPILE_DYNAMIC_OK, CPU_AUTOCAST_FP16
+from mmvitswin.core.layers import (FFN, WindowAttention, ceil_div, effective_window,
+                                     fast_path_active, pad_to_multiple, set_fast_path,
+                                     shift_window_mask, window_gather_index, window_partition,
+                                     window_reverse)
+from mmvitswin.core.layers.window import cells_of, padded_size
 from conftest import max_rel_err
 
 
@@ -32,6 +34,39 @@ def loop_shift_mask(padded, window, shift, fill=-100.):
 def test_shift_mask_equals_the_loop_built_reference(padded, window, shift):
     got = shift_window_mask(padded, window, shift, torch.device('cpu'))
     assert torch.equal(got, loop_shift_mask(padded, window, shift))
+
+
+@pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
+                    'helpers needs torch >= 2.6 (see mmvitswin.core.compat)')
+def test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant():
+    """Under torch.compile(dynamic=True) a window clamped to its input (the video Swin's small
+    maps) is that input's size: one window along the dim and no padding, as in eager, not
+    ``(2s - 1) // s`` (nested floor divisions that took Dynamo minutes to reason about); and
+    deciding so adds no guard: a second size reuses the graph."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(x):
+        (win, ), _ = effective_window((x.shape[1], ), (64, ), (32, ))
+        padded = padded_size(x.shape[1], win)
+        return x.new_zeros(ceil_div(x.shape[1], win), cells_of(padded, win)), x.new_zeros(padded)
+
+    compiled = torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
+    for size in (37, 53):
+        with torch._dynamo.config.patch(error_on_recompile=size == 53):
+            cells, padded = compiled(torch.randn(2, size))
+        assert cells.shape == (1, 1) and padded.shape == (size, )
+    assert len(graphs) == 1
+    nodes = list(graphs[0].graph.nodes)
+    size = [n.meta['example_value'] for n in nodes if n.op == 'placeholder'][-1].shape[1]
+    cells, padded = (n.meta['example_value'] for n in nodes[-1].args[0])
+    assert all(type(d) is int for d in cells.shape), cells.shape  # constants, not expressions
+    assert str(padded.shape[0]) == str(size)
 
 
 @pytest.mark.parametrize('spatial, window, shift', [((9, 13), (7, 7), (3, 3)),

