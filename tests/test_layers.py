@@ -1,5 +1,5 @@
-"""Shared layers: window gather indices, the shift mask, attention in mixed precision, the
-fast-path switch."""
+"""Shared layers: window gather indices, the shift mask, the window-size arithmetic under
+torch.compile, attention in mixed precision, the fast-path switch."""
 import itertools
 
 import pytest
