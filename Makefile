@@ -85,9 +85,12 @@ TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; ec
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=25 tests
 
-# One intra-op thread: the fast tier is many small ops (tests/conftest.py, MMVITSWIN_TEST_THREADS).
+# One worker per core, one intra-op thread each: the fast tier is many small ops
+# (tests/conftest.py, MMVITSWIN_TEST_THREADS). 44 s on a 2-core AMD EPYC Zen 4 (70 s in one
+# process), 2026-12-04.
 test-fast: install
-	MMVITSWIN_TEST_THREADS=1 $(BIN)/python -m pytest -q -m "not slow" tests
+	MMVITSWIN_TEST_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal \
+		-m "not slow" tests
 
 # Same rules as `install`, other venv/torch/python. PIP_CONSTRAINT replaces the machine-wide pip
 # constraint file (if any) for these pip calls only.
