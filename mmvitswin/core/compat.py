@@ -29,6 +29,9 @@ What degrades on an older torch:
 * **Export** (``HAS_TORCH_EXPORT``, torch >= 2.2: ``torch.export.export`` with
   ``torch.export.Dim`` dynamic shapes; ``HAS_DYNAMO_ONNX_EXPORT``, torch >= 2.5:
   ``torch.onnx.export(..., dynamo=True)``): unavailable features; their tests skip.
+* **Guard-free size comparison while tracing** (:func:`statically_known_true`): where torch's
+  ``symbolic_shapes`` lacks it, every symbolic comparison reads as unknown (False), so the
+  window helpers take their arithmetic path (same shapes, longer expressions to trace).
 * ``F.scaled_dot_product_attention(..., scale=)`` exists from torch 2.1, our floor, so attention
   needs no fallback (``SDPA_HAS_SCALE`` records it).
 """
@@ -312,11 +315,21 @@ def is_exporting() -> bool:
     return False
 
 
+
+def statically_known_true(condition) -> bool:
+    """Whether ``condition`` (a bool, or a symbolic one while tracing) is provably True,
+    decided without adding a guard (torch's ``symbolic_shapes.statically_known_true``); False
+    where this torch has no such function. Imported on first use: that module loads sympy."""
+    from torch.fx.experimental import symbolic_shapes
+    known = getattr(symbolic_shapes, 'statically_known_true', None)
+    return known is not None and known(condition)
+
+
 __all__ = [
     'TORCH_VERSION', 'HAS_SAFE_GLOBALS', 'HAS_SAFE_GLOBAL_ALIASES', 'HAS_UNSAFE_GLOBALS_SCAN',
     'WEIGHTS_ONLY_DEFAULT', 'SDPA_HAS_SCALE', 'COMPILE_DYNAMIC_OK', 'HAS_TORCH_EXPORT',
     'HAS_DYNAMO_ONNX_EXPORT', 'torch_at_least', 'add_safe_globals',
     'unsafe_globals_in_checkpoint', 'is_autocast_enabled', 'get_autocast_dtype', 'CPU_AUTOCAST_FP16',
     'autocast', 'LOW_PRECISION', 'cast_floats', 'custom_fwd',
-    'custom_bwd', 'grad_scaler', 'is_compiling', 'is_exporting'
+    'custom_bwd', 'grad_scaler', 'is_compiling', 'is_exporting', 'statically_known_true'
 ]

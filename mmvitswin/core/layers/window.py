@@ -8,6 +8,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..compat import statically_known_true
 from ..validate import int_tuple
 from .switch import is_tracing
 
@@ -37,9 +38,7 @@ def same_size(a, b) -> bool:
         return True
     if not is_tracing():
         return a == b
-    from torch.fx.experimental import symbolic_shapes
-    known = getattr(symbolic_shapes, 'statically_known_true', None)  # (older torch: no shortcut)
-    return known is not None and known(a == b)
+    return statically_known_true(a == b)
 
 
 def ceil_div(size, divisor: int):
