@@ -578,3 +578,30 @@ def test_every_swin_row_against_the_reference_gets_the_peers(tool):
                 assert r.get('peers') == want, r
                 got += bool(want)
         assert got == (14 if expect else 0)  # compiled rows included: eager peers
+
+
+@pytest.mark.parametrize('ffn_type', ['swiglu', 'mlp'])
+def test_hf_dinov2_state_in_both_transformers_layouts(tool, ffn_type):
+    """The HF DINOv2 reference is loaded in the module names of the installed transformers:
+    the refactored ones (``attention.q_proj``, ``mlp.gate_proj``) or the earlier ones
+    (``attention.attention.query``, ``mlp.weights_in``; 5.17 still has them). Either layout,
+    read back by our own HF converter, gives our trunk's weights exactly."""
+    from mmvitswin.core.backbones.vit import ViTAdapter
+    from mmvitswin.core.checkpoint.vit import convert_hf_vit_state_dict
+    torch.manual_seed(0)
+    model = ViTAdapter(arch=dict(embed_dims=32, num_layers=2, num_heads=2,
+                                 feedforward_channels=64), img_size=28, patch_size=14,
+                       layer_scale_init_value=1e-5, num_register_tokens=2, ffn_type=ffn_type,
+                       final_norm=True)
+    ours = model.state_dict()
+    new = tool.hf_dinov2_state(ours, 2)
+    old = tool.hf_dinov2_legacy_names(new)
+    assert 'encoder.layer.1.attention.attention.query.weight' in old
+    assert not [k for k in old if '_proj.' in k]
+    glu = 'encoder.layer.0.mlp.weights_in.weight'
+    assert (glu in old) == (ffn_type == 'swiglu') and (glu not in new)
+    for state in (new, old):
+        back = convert_hf_vit_state_dict(state)
+        assert set(back) <= set(ours)
+        assert all(torch.equal(back[k], ours[k]) for k in back)
+        assert not [k for k in ours if k not in back and k.startswith('blocks.')]

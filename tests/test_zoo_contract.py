@@ -6,7 +6,9 @@
   with finite values;
 - checkpoint round trip: a state dict saved with ``torch.save`` (bare, or inside a whole
   detector's runner checkpoint) loads back through ``init_cfg=dict(type='Pretrained', ...)``
-  + ``init_weights()`` exactly, without a warning, and the outputs are identical.
+  + ``init_weights()`` exactly, without a warning, and the outputs are identical;
+- attention layouts: the same outputs and gradients when ``F.scaled_dot_product_attention``
+  returns its result in the memory layout CUDA's fused kernels use, at batch 1 and 2.
 
 AMP, compile, ONNX and bounded state: tests/test_deploy_paths.py; dense NCHW outputs:
 tests/test_output_layout.py; input checks: tests/test_reliability_inputs.py.
@@ -55,6 +57,47 @@ def test_backward_reaches_the_input_and_every_trainable_parameter(name):
     assert not missing, f'no gradient for {missing[:5]}'
     bad = [n for n, p in params if not torch.isfinite(p.grad).all()]
     assert not bad, f'non-finite gradients in {bad[:5]}'
+
+
+def _cuda_layout_sdpa(sdpa):
+    """``sdpa`` returning the same values in the memory layout CUDA's flash and
+    memory-efficient kernels give: ``(..., L, heads, D)`` in memory, shown as ``(..., heads, L,
+    D)`` (strides ``(L*heads*D, D, heads*D, 1)`` for 4-D), never contiguous. CPU's kernels return
+    contiguous outputs, so without this a ``view`` that needs contiguity passes every CPU test
+    and fails on a GPU (batch 1: its size-1 dim lets a later view half-succeed)."""
+    def wrapped(*args, **kwargs):
+        out = sdpa(*args, **kwargs)
+        return out.transpose(-3, -2).contiguous().transpose(-3, -2)
+    return wrapped
+
+
+@pytest.mark.parametrize('name', params('shapes'))
+def test_attention_output_in_cuda_memory_layout(name, monkeypatch):
+    x = example_input(name, 0, batch=2)
+    weights = [torch.randn(2, *s[1:]) for s in expected_shapes(name, x.shape)]
+    cases = {}
+    for layout in ('cpu', 'cuda'):
+        model = create_model(name)  # fresh: the training pass moves BatchNorm's statistics
+        if layout == 'cuda':
+            monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention',
+                                _cuda_layout_sdpa(torch.nn.functional.scaled_dot_product_attention))
+        with torch.no_grad():
+            model.eval()
+            inference = [as_tuple(model(x[:n])) for n in (1, 2)]
+        model.train()
+        model.zero_grad()
+        torch.manual_seed(0)  # the same drop-path draws for both layouts
+        outs = as_tuple(model(x[:1]))
+        sum((o * w[:1]).sum() for o, w in zip(outs, weights)).backward()
+        outs = tuple(o.detach() for o in outs)
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        cases[layout] = inference, outs, grads
+    (inf_a, train_a, grad_a), (inf_b, train_b, grad_b) = cases['cpu'], cases['cuda']
+    for outs_a, outs_b in zip(inf_a + [train_a], inf_b + [train_b]):
+        assert len(outs_a) == len(outs_b)
+        assert all(max_rel_err(b, a) < 1e-6 for a, b in zip(outs_a, outs_b))
+    assert len(grad_a) == len(grad_b) and grad_a
+    assert all(max_rel_err(b, a) < 1e-5 for a, b in zip(grad_a, grad_b))
 
 
 def _runner_checkpoint(state_dict):

@@ -451,8 +451,10 @@ class HFDinov2Reference(nn.Module):
             self.hf = transformers.Dinov2WithRegistersBackbone(config)
         else:
             self.hf = transformers.Dinov2Backbone(transformers.Dinov2Config(**kwargs))
-        missing = self.hf.load_state_dict(hf_dinov2_state(model.state_dict(), model.num_layers),
-                                          strict=False).missing_keys
+        state = hf_dinov2_state(model.state_dict(), model.num_layers)
+        if 'encoder.layer.0.attention.attention.query.weight' in self.hf.state_dict():
+            state = hf_dinov2_legacy_names(state)
+        missing = self.hf.load_state_dict(state, strict=False).missing_keys
         if [k for k in missing if not k.endswith('mask_token')]:
             raise RuntimeError(f'HF reference: weights missing for {missing[:4]}')
 
@@ -514,6 +516,29 @@ def hf_dinov2_state(state: dict, num_layers: int) -> dict:
                 out[dst + f'mlp.gate_proj.{kind}'], out[dst + f'mlp.up_proj.{kind}'] = gate, up
         out[dst + 'layer_scale1.lambda1'] = state[src + 'ls1.gamma']
         out[dst + 'layer_scale2.lambda1'] = state[src + 'ls2.gamma']
+    return out
+
+
+def hf_dinov2_legacy_names(state: dict) -> dict:
+    """:func:`hf_dinov2_state`'s keys -> the module names of transformers before the
+    attention refactor (still 5.17): ``attention.attention.query``, ``attention.output.dense``,
+    the SwiGLU FFN as one ``weights_in`` (gate rows, then up rows) and ``weights_out``."""
+    renames = (('attention.q_proj.', 'attention.attention.query.'),
+               ('attention.k_proj.', 'attention.attention.key.'),
+               ('attention.v_proj.', 'attention.attention.value.'),
+               ('attention.o_proj.', 'attention.output.dense.'),
+               ('mlp.down_proj.', 'mlp.weights_out.'))
+    out = {}
+    for key, value in state.items():
+        if '.mlp.up_proj.' in key:
+            continue
+        if '.mlp.gate_proj.' in key:
+            up = state[key.replace('.gate_proj.', '.up_proj.')]
+            out[key.replace('.gate_proj.', '.weights_in.')] = torch.cat([value, up])
+            continue
+        for new, old in renames:
+            key = key.replace(new, old)
+        out[key] = value
     return out
 
 

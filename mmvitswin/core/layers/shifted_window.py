@@ -46,8 +46,9 @@ def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int
 
 def merge_windows(windows: torch.Tensor, scatter: torch.Tensor, shape) -> torch.Tensor:
     """Inverse of :func:`partition_windows`: ``(B * nW, N, C)`` back to ``shape`` ``(B, *spatial,
-    C)`` (roll back, crop the padding)."""
-    return windows.view(shape[0], -1, shape[-1]).index_select(1, scatter).view(shape)
+    C)`` (roll back, crop the padding). ``windows`` may be a strided view (CUDA's attention
+    kernels return their heads interleaved in memory): then the flattening copies."""
+    return windows.reshape(shape[0], -1, shape[-1]).index_select(1, scatter).view(shape)
 
 
 def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tuple[int, ...],
