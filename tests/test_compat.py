@@ -253,3 +253,50 @@ def test_autocast_fp16_on_cpu_works_or_says_why():
     else:
         with pytest.raises(RuntimeError, match='cannot autocast to float16 on CPU'):
             compat.autocast('cpu', torch.float16)
+
+
+def test_sdpa_without_cudnn_leaves_only_cudnn_out_and_restores():
+    cuda = torch.backends.cuda
+    flags = (cuda.cudnn_sdp_enabled, cuda.flash_sdp_enabled, cuda.mem_efficient_sdp_enabled,
+             cuda.math_sdp_enabled)
+    before = [f() for f in flags]
+    with compat.sdpa_without_cudnn():
+        inside = [f() for f in flags]
+    assert [f() for f in flags] == before
+    if compat.torch_at_least(2, 4):  # the torch with a cuDNN backend to leave out
+        assert inside == [False] + before[1:]
+    else:
+        assert inside == before
+
+
+class _ReportsCuda(torch.Tensor):
+    """A CPU tensor that answers ``is_cuda`` as a CUDA one would: what the attention checks
+    before it picks the SDPA backends (the arithmetic stays on the CPU)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.mark.parametrize('with_bias', [False, True])
+def test_attention_on_cuda_calls_sdpa_without_cudnn(monkeypatch, with_bias):
+    from mmvitswin.core.layers.attention import Attention
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    seen = []
+
+    def recording(q, *args, **kwargs):
+        seen.append((type(q) is _ReportsCuda, torch.backends.cuda.cudnn_sdp_enabled()))
+        return sdpa(q.as_subclass(torch.Tensor), *(a.as_subclass(torch.Tensor) if
+                                                   isinstance(a, torch.Tensor) else a
+                                                   for a in args), **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention', recording)
+    attn = Attention(32, 4).eval()
+    q, k, v = (torch.randn(2, 4, 10, 8) for _ in range(3))
+    bias = torch.randn(1, 4, 10, 10) if with_bias else None
+    with torch.no_grad():
+        expected = attn.attend(q, k, v, bias)
+        got = attn.attend(*(t.as_subclass(_ReportsCuda) for t in (q, k, v)), bias)
+    assert torch.allclose(got.as_subclass(torch.Tensor), expected, atol=1e-6)
+    cudnn_on = torch.backends.cuda.cudnn_sdp_enabled()
+    assert seen == [(False, cudnn_on), (True, False if compat.torch_at_least(2, 4) else cudnn_on)]

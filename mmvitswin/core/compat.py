@@ -33,7 +33,9 @@ What degrades on an older torch:
   ``symbolic_shapes`` lacks it, every symbolic comparison reads as unknown (False), so the
   window helpers take their arithmetic path (same shapes, longer expressions to trace).
 * ``F.scaled_dot_product_attention(..., scale=)`` exists from torch 2.1, our floor, so attention
-  needs no fallback (``SDPA_HAS_SCALE`` records it).
+  needs no fallback (``SDPA_HAS_SCALE`` records it). :func:`sdpa_without_cudnn` (leave cuDNN's
+  attention backend out) is a no-op context where torch has no cuDNN backend to leave out
+  (before 2.4) or no ``torch.nn.attention.sdpa_kernel`` (before 2.3).
 """
 import contextlib
 import functools
@@ -276,6 +278,31 @@ def grad_scaler(device_type: str = 'cuda', **kwargs):
         return torch.cuda.amp.GradScaler(**kwargs)
     raise RuntimeError(f'torch {torch.__version__} has no GradScaler for {device_type!r} '
                        '(fp16 loss scaling there needs torch >= 2.3)')
+
+
+# ---------------------------------------------------------------------------------- attention
+def _sdpa_backends_without_cudnn() -> Optional[list]:
+    try:
+        from torch.nn.attention import SDPBackend
+    except ImportError:  # torch < 2.3
+        return None
+    if not hasattr(SDPBackend, 'CUDNN_ATTENTION'):  # torch < 2.4: nothing to leave out
+        return None
+    return [b for b in (getattr(SDPBackend, n, None) for n in (
+        'FLASH_ATTENTION', 'EFFICIENT_ATTENTION', 'MATH', 'OVERRIDEABLE')) if b is not None]
+
+
+_NO_CUDNN_SDPA = _sdpa_backends_without_cudnn()
+
+
+def sdpa_without_cudnn():
+    """A context in which ``F.scaled_dot_product_attention`` may pick any of its backends but
+    cuDNN's (``torch.nn.attention.sdpa_kernel``, restored on exit). A no-op context on a torch
+    without that backend."""
+    if _NO_CUDNN_SDPA is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel
+    return sdpa_kernel(_NO_CUDNN_SDPA)
 
 
 # ------------------------------------------------------------------------ compile and export

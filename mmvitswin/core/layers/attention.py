@@ -19,6 +19,14 @@ weights"). Only there (``switch.denormals_are_slow``): on AMD's Zen 4 denormals 
 extra and the drop itself made masked window attention 7-44 % slower, and GPUs have no penalty
 either. The references' -100 is kept, so a masked logit that comes within 80 of its row's
 maximum keeps its weight exactly as in the references.
+On CUDA, eager calls leave cuDNN's SDPA backend out (:func:`~..compat.sdpa_without_cudnn`):
+torch 2.11 picked it for bf16 with a mask on an H200, and it builds a plan for every new
+shape, about 10 ms per call: 344 of the 434 ms of a batch-1 SwinV2-T bf16 forward at a new
+size went to its 36 calls, against 2.6 ms at a size seen before, and the whole forward took
+12 times its seen-size time (Swin-T 4 times). In fp32, where torch takes the memory-efficient
+kernel, a new size cost about what a seen one does. With variable input sizes (multi-scale
+training, evaluation at each image's own size) almost every size is new. Traced calls
+(compile, export) leave the choice to torch.
 Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
 on every call (small next to the attention itself), broadcast over the batch, never stored.
 """
@@ -28,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compat import get_autocast_dtype, is_autocast_enabled
+from ..compat import get_autocast_dtype, is_autocast_enabled, sdpa_without_cudnn
 from .linear import Linear
 from .switch import denormals_are_slow, is_tracing
 from .window import relative_position_index
@@ -125,6 +133,10 @@ class Attention(nn.Module):
         if self.use_sdpa and _sdpa_pays(q) and not (bias is not None and bias.requires_grad):
             if bias is not None and bias.dtype != q.dtype:
                 bias = bias.to(q.dtype)
+            if q.is_cuda and not is_tracing():  # no per-shape cuDNN plans (module docstring)
+                with sdpa_without_cudnn():
+                    return F.scaled_dot_product_attention(
+                        q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
         attn = q @ k.transpose(-2, -1)

@@ -37,7 +37,9 @@ def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int
             windows = windows.masked_fill_(~valid[:, None], 0.)
         else:
             fill = fill.to(windows.dtype)
-            if is_tracing():
+            if is_tracing() or windows.device.type != 'cpu':
+                # (on a GPU the boolean index below would wait for the device: one host sync
+                # per block, seen on an H200)
                 windows = torch.where(valid[:, None], windows, fill)
             else:  # in place, on the padding rows only (index_select's output, as above)
                 windows[:, ~valid] = fill
