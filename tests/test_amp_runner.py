@@ -105,6 +105,28 @@ def test_prepare_config_amp_on_cpu():
         prepare_config(Config.fromfile(DEMO), DEMO, amp=True, cuda=False, amp_dtype='fp16')
 
 
+def test_bf16_on_cuda_with_mmcv_roi_align_is_refused_at_the_command_line():
+    """mmcv 2.1's CUDA RoIAlign has no bf16 kernel (seen on an H200: NotImplementedError
+    "roi_align_forward_cuda_kernel" not implemented for 'BFloat16', at the first iteration):
+    the tool says so before training, naming the layers; fp16 and our RoIAlign pass."""
+    from mmengine.config import Config
+    from mmvitswin.openmmlab.engine.launch import ToolError, prepare_config
+    config = osp.join(ROOT, 'configs', 'mask_rcnn_swin_t_coco.py')
+    with pytest.raises(ToolError, match=r'--amp-dtype bf16 on CUDA.*'
+                       r'model\.roi_head\.bbox_roi_extractor\.roi_layer, '
+                       r'model\.roi_head\.mask_roi_extractor\.roi_layer'):
+        prepare_config(Config.fromfile(config), config, amp=True, cuda=True, amp_dtype='bf16')
+    notes = prepare_config(Config.fromfile(config), config, amp=True, cuda=True)
+    assert any('fp16 mixed precision on CUDA' in n for n in notes)
+    # the demo config's roi layers are ours: bf16 goes through
+    cfg = Config.fromfile(DEMO)
+    notes = prepare_config(cfg, DEMO, amp=True, cuda=True, amp_dtype='bf16')
+    assert cfg.optim_wrapper.dtype == 'bfloat16'
+    # UPerNet has no RoI layers
+    config = osp.join(ROOT, 'configs', 'upernet_swin_t_ade20k.py')
+    prepare_config(Config.fromfile(config), config, amp=True, cuda=True, amp_dtype='bf16')
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 @pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
 def test_amp_on_cuda_uses_mmengine_wrapper(dtype):

@@ -26,7 +26,7 @@ import torch
 from mmengine.config import Config, ConfigDict
 from mmengine.registry import RUNNERS
 
-from .amp import apply_amp
+from .amp import apply_amp, resolve_amp_dtype
 from .safe_load import UntrustedCheckpointError, check_trusted
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -68,6 +68,25 @@ def _fix_workers(cfg: Config) -> None:
         loader = cfg.get(name)
         if isinstance(loader, dict) and loader.get('num_workers', 1) == 0:
             loader['persistent_workers'] = False
+
+
+def mmcv_roi_aligns(node: Any, path: str = 'model') -> List[str]:
+    """The config paths of every ``roi_layer`` that builds mmcv's ``RoIAlign``."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            kind = value.get('type', '') if isinstance(value, dict) else ''
+            if not isinstance(kind, str):  # a class in a Python config
+                kind = f'{kind.__module__}.{kind.__name__}'
+            if (key == 'roi_layer' and kind.split('.')[-1] == 'RoIAlign'
+                    and not kind.startswith('mmvitswin')):
+                found.append(f'{path}.{key}')
+            else:
+                found += mmcv_roi_aligns(value, f'{path}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            found += mmcv_roi_aligns(value, f'{path}[{i}]')
+    return found
 
 
 def prepare_config(cfg: Config, config_path: str, launcher: str = 'none',
@@ -112,8 +131,18 @@ def prepare_config(cfg: Config, config_path: str, launcher: str = 'none',
     if amp:
         try:
             notes.append(apply_amp(cfg.optim_wrapper, cuda, amp_dtype))
+            bf16_on_cuda = cuda and resolve_amp_dtype(amp_dtype, cuda) == 'bf16'
         except ValueError as exc:
             raise ToolError(str(exc)) from None
+        if bf16_on_cuda and 'model' in cfg:
+            places = mmcv_roi_aligns(cfg.model)
+            if places:
+                raise ToolError(
+                    f'--amp-dtype bf16 on CUDA: mmcv\'s RoIAlign ({", ".join(places)}) has no '
+                    'bf16 CUDA kernel and would fail at the first iteration. Train with fp16 '
+                    '(--amp alone, the default on CUDA), or set that roi_layer to '
+                    "dict(type='mmvitswin.SeparableRoIAlign', output_size=..., sampling_ratio=0) "
+                    '(any dtype; written for CPUs, slower than mmcv\'s kernel on a GPU).')
 
     distributed = launcher != 'none'
     if not (distributed and cuda) and 'model' in cfg:
