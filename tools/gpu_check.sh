@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
-# NOT RUN YET: written in a session without a GPU; expect to fix details on its first run.
-#
-# The GPU half of issue 12 on a CUDA machine without network (the device tool's H200 image:
-# Python 3.12, torch 2.11+cu130, nvcc 13, no OpenMMLab packages):
+# The GPU checks on a CUDA machine without network (the device tool's H200 image: Python 3.12,
+# torch 2.11+cu130, nvcc 13, transformers, timm, no OpenMMLab packages). Ran once on an H200 on
+# 2026-12-04 (571 s; docs/benchmarks.md, "On a GPU").
 #   PYTHON=.venv/bin/python tools/gpu_check.sh fetch
-#       HERE, with network: wheels + mmcv's sdist into build/gpu_check/ (about 15 MiB; the
+#       HERE, with network: wheels + mmcv's sdist into build/gpu_check/ (about 10 MiB; the
 #       venv's python, because pip prepares mmcv's sdist metadata with torch + pkg_resources)
 #   tools/gpu_check.sh
 #       THERE, through the device tool with carry=["build/gpu_check"]; results under $OUT
-# There it installs the carried wheels into build/gpu_check/site, compiles mmcv 2.1.0 with its
-# CUDA ops for the local GPU only (kept in build/gpu_check/site, so a rerun on a still-warm
-# machine skips it), then runs the AMP tests, a short `tools/train.py --amp` Mask R-CNN run on
-# the demo config and `tools/benchmark.py --device cuda --dtype bf16`. Each step has a time
-# limit inside a 585-second deadline; $OUT/summary.txt says which passed, $OUT/steps.log has
-# the end of each step's output, $OUT/bench/ the benchmark's JSON and markdown.
+#   tools/gpu_check.sh profile
+#       THERE, nothing to carry, about 60 s: tools/gpu_profile.py (torch + transformers only):
+#       the window backbones' batch-1 layout check, SwinV2-T / Swin-T new- and seen-size times
+#       against HF, host syncs and profiler tables
+# The full check installs the carried wheels into build/gpu_check/site, compiles mmcv 2.1.0
+# with its CUDA ops for the local GPU only (323 s on the H200's 16 cores; a carried
+# build/gpu_check replaces the folder there, so even a warm machine compiles again), then runs
+# the AMP tests, a short `tools/train.py --amp` Mask R-CNN run on the demo config and
+# `tools/benchmark.py --device cuda --dtype bf16`. Each step has a time limit inside a
+# 585-second deadline; $OUT/summary.txt says which passed, $OUT/steps.log has the end of each
+# step's output, $OUT/bench/ the benchmark's JSON and markdown.
 set -u
 cd "$(dirname "$0")/.."
 DIR=build/gpu_check
 PY=${PYTHON:-python3}
+
+if [ "${1:-}" = profile ]; then
+  exec env PYTHONUNBUFFERED=1 OUT="${OUT:-$PWD/build/gpu_profile_out}" timeout 200 $PY \
+    tools/gpu_profile.py
+fi
 
 if [ "${1:-}" = fetch ]; then
   set -e
