@@ -514,6 +514,17 @@ def test_skipping_padding_queries_and_the_autograd_path_give_the_same_features(d
             1e-5 if dtype == torch.float32 else 5e-2)
 
 
+def test_padding_queries_are_skipped_in_cpu_inference_only():
+    """The real-query blocks run where they were measured to pay: CPU inference. With
+    autograd, and on any other device (``meta`` stands for one here), every query is
+    attended; the model then never asks for the spans."""
+    from mmvitswin.core.layers.shifted_window import skips_padding_queries
+    cpu, other = torch.zeros(1, 4, 4, 8), torch.zeros(1, 4, 4, 8, device='meta')
+    with torch.no_grad():
+        assert skips_padding_queries(cpu) and not skips_padding_queries(other)
+    assert not skips_padding_queries(cpu) and not skips_padding_queries(other)
+
+
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_q_and_k_normalised_at_the_projection_give_the_same_features(dtype, monkeypatch):
     """Eager inference normalises q and k once, on the projected real tokens, instead of in

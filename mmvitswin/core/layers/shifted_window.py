@@ -67,8 +67,9 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     Eager mode projects the real tokens only: q/k/v before the partition (a zero padding
     token projects to the projection's bias, which is what the padding of the projected
     windows holds: ``attn.projected_zero``), the output after the merge (padding outputs are
-    dropped anyway); in inference the attention also skips the padding's queries
-    (``real_queries``: :func:`~.window.real_query_spans`). Same function as projecting the
+    dropped anyway); in inference on a CPU the attention also skips the padding's queries
+    (``real_queries``: :func:`~.window.real_query_spans`, :func:`skips_padding_queries`).
+    Same function as projecting the
     padded windows, without the padding's rows in the products: up to 2x fewer rows on small
     maps, which are padded to whole windows. With autograd it costs the gather's backward (an
     ``index_add``) on 3C channels instead of C, and still measured faster (train step, sizes
@@ -98,10 +99,20 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
         return merge_windows(attn(windows, mask), scatter, x.shape)
     qkv = attn.project(x)
     windows, scatter, padded = partition_windows(qkv, window, shift, attn.projected_zero())
-    real = None if torch.is_grad_enabled() else \
-        real_query_spans(tuple(x.shape[1:-1]), window, shift)
+    real = real_query_spans(tuple(x.shape[1:-1]), window, shift) \
+        if skips_padding_queries(x) else None
     out = attn.attend_windows(windows, _mask(padded, window, shift, qkv), real_queries=real)
     return attn.output(merge_windows(out, scatter, x.shape))  # heads merged: C channels
+
+
+def skips_padding_queries(x: torch.Tensor) -> bool:
+    """Whether the eager window attention on ``x`` attends the real queries only (windows
+    that support it: V2's cosine attention). In inference on a CPU, where it was measured to
+    pay. Not with autograd (its blocks of windows cost more than the rows saved), and not on
+    other devices: the blocks add dispatched ops (a SwinV2-T forward: 2948 instead of 1877 at
+    288x448, 3802 instead of 1880 at 800x1216), and a GPU at detection batch sizes waits on
+    the host issuing kernels, not on the rows (an H200 at batch 1 was busy 3.5 of 87 ms)."""
+    return x.device.type == 'cpu' and not torch.is_grad_enabled()
 
 
 def _mask(padded, window, shift, like: torch.Tensor) -> Optional[torch.Tensor]:
