@@ -434,3 +434,56 @@ def test_bf16_cpu_attention_uses_sdpa_only_for_long_sequences(tokens, monkeypatc
         got = attn.to(torch.bfloat16)(x.to(torch.bfloat16))
     assert bool(calls) == (tokens >= attention_mod.SDPA_BF16_CPU_MIN_TOKENS)
     assert got.dtype == torch.bfloat16 and max_rel_err(got.float(), want) < 3e-2
+
+
+def test_a_stage_builds_its_window_indices_once_per_window_and_shift(monkeypatch):
+    """Within a Swin stage the blocks share the gather indices and the shift mask of their
+    (window, shift) pair; the same features as building them in every block, nothing kept
+    after the forward, and a backward through shared indices gives the same gradients."""
+    import contextlib
+
+    import mmvitswin.core.backbones.swin as swin_module
+    import mmvitswin.core.layers.shifted_window as shifted_window
+    from mmvitswin.core import SwinTransformer
+    built = {'index': 0, 'mask': 0}
+    index, mask = shifted_window.window_gather_index, shifted_window.shift_window_mask
+
+    def counting(kind, fn):
+        def wrapped(*args, **kwargs):
+            built[kind] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(shifted_window, 'window_gather_index', counting('index', index))
+    monkeypatch.setattr(shifted_window, 'shift_window_mask', counting('mask', mask))
+    torch.manual_seed(0)
+    model = SwinTransformer(embed_dims=32, depths=(2, 4, 1, 2), num_heads=(1, 2, 4, 8),
+                            window_size=4)
+    x = torch.randn(2, 3, 75, 101)  # padded at every stage
+    results = {}
+    for mode in ('shared', 'per block'):
+        if mode == 'per block':
+            monkeypatch.setattr(swin_module, 'shared_window_indices', contextlib.nullcontext)
+        for key in built:
+            built[key] = 0
+        model.eval()
+        with torch.no_grad():
+            outs = model(x)
+        counts = dict(built)
+        assert shifted_window._SHARED.get() is None  # dropped with the stage
+        model.train()
+        model.zero_grad()
+        torch.manual_seed(1)  # the same drop-path draws
+        sum((o * o).sum() for o in model(x)).backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        results[mode] = outs, counts, grads
+    (shared, n_shared, g_shared), (single, n_single, g_single) = (results['shared'],
+                                                                 results['per block'])
+    # blocks per stage 2, 4, 1, 2 (odd blocks shifted): per block 9 index sets and 4 masks;
+    # shared, one set per (stage, shift) (2 + 2 + 1 + 2) and one mask per stage with a
+    # shifted block
+    assert n_single == {'index': 9, 'mask': 4}
+    assert n_shared == {'index': 7, 'mask': 3}
+    assert all(torch.equal(a, b) for a, b in zip(shared, single))
+    assert len(g_shared) == len(g_single) and all(
+        torch.equal(a, b) for a, b in zip(g_shared, g_single))

@@ -16,7 +16,7 @@ import torch.utils.checkpoint as cp
 
 from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA, build_act,
                       build_layer_norm, drop_path_schedule, resize_pos_embed, resolve_arch,
-                      resolve_indices, to_tuple, validate_stages)
+                      resolve_indices, shared_window_indices, to_tuple, validate_stages)
 from ..utils import (ArgumentIndexError, ArgumentTypeError, ArgumentValueError, check_args,
                      check_dict, check_image_input, check_int_sequence, check_positive_int)
 from ..checkpoint.swin import SWIN_CHECKPOINTS
@@ -90,8 +90,9 @@ class SwinStage(nn.Module):
         self.downsample = downsample
 
     def forward(self, x: torch.Tensor):
-        for block in self.blocks:
-            x = block(x)
+        with shared_window_indices():  # the blocks' windows have the same sizes
+            for block in self.blocks:
+                x = block(x)
         return x, (self.downsample(x) if self.downsample is not None else None)
 
 

@@ -3,7 +3,7 @@ from .ffn import FFN, DropPath, drop_path_schedule
 from .patch import ConvStem, PatchEmbed, PatchMerging
 from .pos_embed import grid_size, resize_pos_embed, resize_rel_pos_1d, resize_rel_pos_table
 from .shifted_window import (ShiftWindowMSA, merge_windows, partition_windows,
-                             shifted_window_attention)
+                             shared_window_indices, shifted_window_attention)
 from .switch import fast_path_active, is_tracing, set_fast_path
 from .window import (ceil_div, effective_window, pad_amount, pad_to_multiple,
                      relative_position_index, shift_window_mask, to_tuple, window_gather_index,
@@ -19,8 +19,8 @@ from .cosine_window import (LOGIT_SCALE_MAX, CosineWindowAttention, ShiftWindowM
 
 __all__ = [
     'Attention', 'WindowAttention', 'FFN', 'DropPath', 'drop_path_schedule', 'ConvStem',
-    'PatchEmbed', 'PatchMerging', 'ShiftWindowMSA', 'shifted_window_attention',
-    'partition_windows', 'merge_windows', 'grid_size',
+    'PatchEmbed', 'PatchMerging', 'ShiftWindowMSA', 'shared_window_indices',
+    'shifted_window_attention', 'partition_windows', 'merge_windows', 'grid_size',
     'resize_pos_embed', 'resize_rel_pos_1d', 'resize_rel_pos_table', 'fast_path_active',
     'is_tracing', 'set_fast_path', 'ceil_div', 'effective_window', 'pad_amount', 'pad_to_multiple',
     'relative_position_index', 'shift_window_mask', 'to_tuple', 'window_gather_index',

@@ -2,7 +2,9 @@
 
 Shared by the 2-D Swin (windows of ``(Wh, Ww)``) and the video Swin (``(Wt, Wh, Ww)``).
 """
-from typing import Optional, Sequence, Tuple
+import contextlib
+import contextvars
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -12,6 +14,48 @@ from .attention import WindowAttention
 from .switch import is_tracing
 from .window import (effective_window, padded_size, real_query_spans, shift_window_mask,
                      window_gather_index)
+
+
+_SHARED: 'contextvars.ContextVar[Optional[dict]]' = contextvars.ContextVar(
+    'mmvitswin_shared_window_indices', default=None)
+
+
+def shared_window_indices():
+    """A context (a Swin stage's forward) in which the blocks that attend windows of the same
+    sizes share their gather indices and shift mask: the first block builds them, the others
+    reuse them, and they are dropped on exit, so nothing is kept between calls. A stage's
+    blocks alternate between two (window, shift) pairs: Swin-T's 12 blocks build 8 sets instead
+    of 12, Swin-B's 24 build 8 instead of 24; each set is 50-80 small integer ops, which a GPU
+    pays as kernel launches. Nested scopes share the outermost one's. While tracing, a null
+    context: every block builds its own (the graph then holds the ops once per block)."""
+    if is_tracing():
+        return contextlib.nullcontext()
+    return _sharing_scope()
+
+
+@contextlib.contextmanager
+def _sharing_scope():
+    if _SHARED.get() is not None:
+        yield
+        return
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _shared(key: tuple, build: Callable):
+    """``build()``, or what it gave for ``key`` earlier in the current
+    :func:`shared_window_indices` scope. Tensors shared this way are never written in place."""
+    if is_tracing():  # (and Dynamo cannot read a ContextVar)
+        return build()
+    memo = _SHARED.get()
+    if memo is None:
+        return build()
+    if key not in memo:
+        memo[key] = build()
+    return memo[key]
 
 
 def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int, ...],
@@ -28,7 +72,8 @@ def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int
     n = 1
     for w in window:
         n *= w
-    gather, valid, scatter = window_gather_index(spatial, window, shift, x.device)
+    gather, valid, scatter = _shared(('index', spatial, window, shift, x.device),
+                                     lambda: window_gather_index(spatial, window, shift, x.device))
     windows = x.reshape(b, -1, c).index_select(1, gather)
     padded = tuple(padded_size(s, w) for s, w in zip(spatial, window))
     if is_tracing() or padded != spatial:
@@ -120,7 +165,8 @@ def _mask(padded, window, shift, like: torch.Tensor) -> Optional[torch.Tensor]:
     float dtype) and device."""
     if not any(shift):
         return None
-    return shift_window_mask(padded, window, shift, like.device, dtype=like.dtype)
+    return _shared(('mask', padded, window, shift, like.device, like.dtype),
+                   lambda: shift_window_mask(padded, window, shift, like.device, dtype=like.dtype))
 
 
 class ShiftWindowMSA(nn.Module):
