@@ -106,17 +106,17 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     ``-shift``, attend inside windows with the relative position bias and the shift mask,
     roll back, crop the padding. The pad comes **before** the shift, as in mmdet/mmseg/mmaction2.
     The pad/roll/partition chain runs as one gather each way (:func:`partition_windows`); the
-    indices and the mask are recomputed from the sizes on every call (a few small integer
-    ops), so nothing is cached and every size traces the same way.
+    indices and the mask are recomputed from the sizes on every forward (a few small integer
+    ops; the blocks of a stage share them: :func:`shared_window_indices`), so nothing is kept
+    between calls and every size traces the same way.
 
     Eager mode projects the real tokens only: q/k/v before the partition (a zero padding
     token projects to the projection's bias, which is what the padding of the projected
     windows holds: ``attn.projected_zero``), the output after the merge (padding outputs are
     dropped anyway); in inference on a CPU the attention also skips the padding's queries
     (``real_queries``: :func:`~.window.real_query_spans`, :func:`skips_padding_queries`).
-    Same function as projecting the
-    padded windows, without the padding's rows in the products: up to 2x fewer rows on small
-    maps, which are padded to whole windows. With autograd it costs the gather's backward (an
+    Same function as projecting the padded windows, without the padding's rows in the
+    products: up to 2x fewer rows on small maps, which are padded to whole windows. With autograd it costs the gather's backward (an
     ``index_add``) on 3C channels instead of C, and still measured faster (train step, sizes
     x0.4, 2-core AMD EPYC Zen 5: SwinV2-T fp32 9-11 %, bf16 -2 to +6 %; Swin-T fp32 1-6 %,
     bf16 -2 to +3.5 %; the video Swin-T fp32 5 %, bf16 no change; Zen 4: SwinV2-T fp32 3-17 %,
