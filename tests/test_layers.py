@@ -1,6 +1,7 @@
 """Shared layers: window gather indices, the shift mask, the window-size arithmetic under
 torch.compile, attention in mixed precision, the fast-path switch."""
 import itertools
+import random
 
 import pytest
 import torch
@@ -446,7 +447,7 @@ def test_a_stage_builds_its_window_indices_once_per_window_and_shift(monkeypatch
     import mmvitswin.core.layers.shifted_window as shifted_window
     from mmvitswin.core import SwinTransformer
     built = {'index': 0, 'mask': 0}
-    index, mask = shifted_window.window_gather_index, shifted_window.shift_window_mask
+    index, mask = shifted_window.window_gather_index_eager, shifted_window.shift_window_mask
 
     def counting(kind, fn):
         def wrapped(*args, **kwargs):
@@ -454,7 +455,7 @@ def test_a_stage_builds_its_window_indices_once_per_window_and_shift(monkeypatch
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(shifted_window, 'window_gather_index', counting('index', index))
+    monkeypatch.setattr(shifted_window, 'window_gather_index_eager', counting('index', index))
     monkeypatch.setattr(shifted_window, 'shift_window_mask', counting('mask', mask))
     torch.manual_seed(0)
     model = SwinTransformer(embed_dims=32, depths=(2, 4, 1, 2), num_heads=(1, 2, 4, 8),
@@ -487,3 +488,20 @@ def test_a_stage_builds_its_window_indices_once_per_window_and_shift(monkeypatch
     assert all(torch.equal(a, b) for a, b in zip(shared, single))
     assert len(g_shared) == len(g_single) and all(
         torch.equal(a, b) for a, b in zip(g_shared, g_single))
+
+
+@pytest.mark.parametrize('nd', [2, 3])
+def test_eager_gather_index_equals_the_traceable_arithmetic(nd):
+    """The eager indices (the pad/roll/partition chain run on token numbers) and the traceable
+    arithmetic give the same gather, valid and scatter for random sizes, windows (1 to 8,
+    larger than the input too) and shifts, 2-D and 3-D."""
+    from mmvitswin.core.layers.window import window_gather_index_eager
+    rng = random.Random(nd)
+    for _ in range(150):
+        window = tuple(rng.randint(1, 8) for _ in range(nd))
+        spatial = tuple(rng.randint(1, 30 if nd == 2 else 12) for _ in range(nd))
+        shift = tuple(rng.choice([0, w // 2, w - 1]) for w in window)
+        want = window_gather_index(spatial, window, shift, torch.device('cpu'))
+        got = window_gather_index_eager(spatial, window, shift, torch.device('cpu'))
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), (spatial, window, shift)

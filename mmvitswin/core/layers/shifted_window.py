@@ -13,7 +13,7 @@ from ..compat import get_autocast_dtype, is_autocast_enabled
 from .attention import WindowAttention
 from .switch import is_tracing
 from .window import (effective_window, padded_size, real_query_spans, shift_window_mask,
-                     window_gather_index)
+                     window_gather_index, window_gather_index_eager)
 
 
 _SHARED: 'contextvars.ContextVar[Optional[dict]]' = contextvars.ContextVar(
@@ -72,8 +72,10 @@ def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int
     n = 1
     for w in window:
         n *= w
+    # eager: the same indices from a fifth of the ops (window_gather_index_eager)
+    index = window_gather_index if is_tracing() else window_gather_index_eager
     gather, valid, scatter = _shared(('index', spatial, window, shift, x.device),
-                                     lambda: window_gather_index(spatial, window, shift, x.device))
+                                     lambda: index(spatial, window, shift, x.device))
     windows = x.reshape(b, -1, c).index_select(1, gather)
     padded = tuple(padded_size(s, w) for s, w in zip(spatial, window))
     if is_tracing() or padded != spatial:
