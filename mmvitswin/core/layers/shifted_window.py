@@ -25,7 +25,7 @@ def shared_window_indices():
     sizes share their gather indices and shift mask: the first block builds them, the others
     reuse them, and they are dropped on exit, so nothing is kept between calls. A stage's
     blocks alternate between two (window, shift) pairs: Swin-T's 12 blocks build 8 sets instead
-    of 12, Swin-B's 24 build 8 instead of 24; each set is 50-80 small integer ops, which a GPU
+    of 12, Swin-B's 24 build 8 instead of 24; each set is 10-30 small integer ops, which a GPU
     pays as kernel launches. Nested scopes share the outermost one's. While tracing, a null
     context: every block builds its own (the graph then holds the ops once per block)."""
     if is_tracing():
