@@ -255,18 +255,23 @@ def test_autocast_fp16_on_cpu_works_or_says_why():
             compat.autocast('cpu', torch.float16)
 
 
+def _cudnn_sdp_enabled() -> bool:
+    """torch's cuDNN-attention flag; True (nothing to leave out) where torch has none."""
+    probe = getattr(torch.backends.cuda, 'cudnn_sdp_enabled', None)
+    return True if probe is None else probe()
+
+
 def test_sdpa_without_cudnn_leaves_only_cudnn_out_and_restores():
     cuda = torch.backends.cuda
-    flags = (cuda.cudnn_sdp_enabled, cuda.flash_sdp_enabled, cuda.mem_efficient_sdp_enabled,
+    flags = (_cudnn_sdp_enabled, cuda.flash_sdp_enabled, cuda.mem_efficient_sdp_enabled,
              cuda.math_sdp_enabled)
     before = [f() for f in flags]
     with compat.sdpa_without_cudnn():
         inside = [f() for f in flags]
     assert [f() for f in flags] == before
-    if compat.torch_at_least(2, 4):  # the torch with a cuDNN backend to leave out
-        assert inside == [False] + before[1:]
-    else:
-        assert inside == before
+    leaves_out = compat._NO_CUDNN_SDPA is not None  # a torch with cuDNN attention (2.4 on)
+    assert leaves_out or not compat.torch_at_least(2, 4)
+    assert inside == ([False] + before[1:] if leaves_out else before)
 
 
 class _ReportsCuda(torch.Tensor):
@@ -285,7 +290,7 @@ def test_attention_on_cuda_calls_sdpa_without_cudnn(monkeypatch, with_bias):
     seen = []
 
     def recording(q, *args, **kwargs):
-        seen.append((type(q) is _ReportsCuda, torch.backends.cuda.cudnn_sdp_enabled()))
+        seen.append((type(q) is _ReportsCuda, _cudnn_sdp_enabled()))
         return sdpa(q.as_subclass(torch.Tensor), *(a.as_subclass(torch.Tensor) if
                                                    isinstance(a, torch.Tensor) else a
                                                    for a in args), **kwargs)
@@ -298,5 +303,6 @@ def test_attention_on_cuda_calls_sdpa_without_cudnn(monkeypatch, with_bias):
         expected = attn.attend(q, k, v, bias)
         got = attn.attend(*(t.as_subclass(_ReportsCuda) for t in (q, k, v)), bias)
     assert torch.allclose(got.as_subclass(torch.Tensor), expected, atol=1e-6)
-    cudnn_on = torch.backends.cuda.cudnn_sdp_enabled()
-    assert seen == [(False, cudnn_on), (True, False if compat.torch_at_least(2, 4) else cudnn_on)]
+    cudnn_on = _cudnn_sdp_enabled()
+    assert seen == [(False, cudnn_on),
+                    (True, False if compat._NO_CUDNN_SDPA is not None else cudnn_on)]
