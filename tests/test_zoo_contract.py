@@ -93,11 +93,13 @@ def test_attention_output_in_cuda_memory_layout(name, monkeypatch):
         grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         cases[layout] = inference, outs, grads
     (inf_a, train_a, grad_a), (inf_b, train_b, grad_b) = cases['cpu'], cases['cuda']
+    # equal on AMD's Zen 4 (0.0); the bounds leave room for a GEMM that reads a strided
+    # input in another summation order, far below what a misread layout gives (order 1)
     for outs_a, outs_b in zip(inf_a + [train_a], inf_b + [train_b]):
         assert len(outs_a) == len(outs_b)
-        assert all(max_rel_err(b, a) < 1e-6 for a, b in zip(outs_a, outs_b))
+        assert all(max_rel_err(b, a) < 1e-5 for a, b in zip(outs_a, outs_b))
     assert len(grad_a) == len(grad_b) and grad_a
-    assert all(max_rel_err(b, a) < 1e-5 for a, b in zip(grad_a, grad_b))
+    assert all(max_rel_err(b, a) < 1e-4 for a, b in zip(grad_a, grad_b))
 
 
 def _runner_checkpoint(state_dict):
