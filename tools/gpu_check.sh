@@ -12,7 +12,7 @@
 #       the window backbones' batch-1 layout check, SwinV2-T / Swin-T new- and seen-size times
 #       against HF, host syncs and profiler tables
 # The full check installs the carried wheels into build/gpu_check/site, compiles mmcv 2.1.0
-# with its CUDA ops for the local GPU only (323 s on the H200's 16 cores; a carried
+# with its CUDA ops for the local GPU only (323 s on the H200's 16 cores, limit 420 s; a carried
 # build/gpu_check replaces the folder there, so even a warm machine compiles again), then runs
 # the AMP tests, a short `tools/train.py --amp` Mask R-CNN run on the demo config and
 # `tools/benchmark.py --device cuda --dtype bf16`. Each step has a time limit inside a
@@ -78,7 +78,7 @@ if ! $PY tools/check_mmcv_ops.py > /dev/null 2>&1; then
   # mmcv's ops against this torch and nvcc, for this GPU's architecture only (minutes, not an
   # hour); --no-build-isolation, or it silently builds without ops (DESIGN.md section 4).
   ARCH=$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
-  step build_mmcv 330 env MMCV_WITH_OPS=1 FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCH" \
+  step build_mmcv 420 env MMCV_WITH_OPS=1 FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCH" \
     MAX_JOBS="$(nproc)" $PY -m pip install --no-index --no-deps --no-build-isolation \
     --no-cache-dir --target "$DIR/site" "$DIR"/mmcv-2.1.0.tar.gz || exit 1
 fi
