@@ -83,7 +83,7 @@ if ! $PY tools/check_mmcv_ops.py > /dev/null 2>&1; then
     --no-cache-dir --target "$DIR/site" "$DIR"/mmcv-2.1.0.tar.gz || exit 1
 fi
 step check_mmcv_ops 30 $PY tools/check_mmcv_ops.py
-step amp_tests 60 $PY -m pytest -q -x -p no:cacheprovider tests/test_amp_runner.py
+step amp_tests 60 $PY -m pytest -q -p no:cacheprovider tests/test_amp_runner.py
 
 # tools/train.py --amp (CUDA: MMEngine's AmpOptimWrapper, fp16 + dynamic loss scaling) on the
 # Mask R-CNN demo config with a small generated data set: 20 iterations and one evaluation.

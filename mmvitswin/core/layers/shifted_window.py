@@ -118,12 +118,13 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     dropped anyway); in inference on a CPU the attention also skips the padding's queries
     (``real_queries``: :func:`~.window.real_query_spans`, :func:`skips_padding_queries`).
     Same function as projecting the padded windows, without the padding's rows in the
-    products: up to 2x fewer rows on small maps, which are padded to whole windows. With autograd it costs the gather's backward (an
-    ``index_add``) on 3C channels instead of C, and still measured faster (train step, sizes
-    x0.4, 2-core AMD EPYC Zen 5: SwinV2-T fp32 9-11 %, bf16 -2 to +6 %; Swin-T fp32 1-6 %,
-    bf16 -2 to +3.5 %; the video Swin-T fp32 5 %, bf16 no change; Zen 4: SwinV2-T fp32 3-17 %,
-    bf16 11-13 %, Swin-T fp32 15 %, bf16 2-3.5 %). Skipping the padding's
-    queries with autograd did not pay (its blocks of windows cost more than the rows saved).
+    products: up to 2x fewer rows on small maps, which are padded to whole windows. With
+    autograd it costs the gather's backward (an ``index_add``) on 3C channels instead of C,
+    and still measured faster (train step, sizes x0.4, 2-core AMD EPYC Zen 5: SwinV2-T fp32
+    9-11 %, bf16 -2 to +6 %; Swin-T fp32 1-6 %, bf16 -2 to +3.5 %; the video Swin-T fp32 5 %,
+    bf16 no change; Zen 4: SwinV2-T fp32 3-17 %, bf16 11-13 %, Swin-T fp32 15 %, bf16
+    2-3.5 %). Skipping the padding's queries with autograd did not pay (its blocks of windows
+    cost more than the rows saved).
     Traced calls (compile, export) project the padded windows: the same graph as before,
     whose dynamic-shape compile of the video Swin took 133 s against 198 s for the other
     order (measured before :func:`~.window.same_size`, which took it to about 30 s).
