@@ -342,7 +342,6 @@ def is_exporting() -> bool:
     return False
 
 
-
 def statically_known_true(condition) -> bool:
     """Whether ``condition`` (a bool, or a symbolic one while tracing) is provably True,
     decided without adding a guard (torch's ``symbolic_shapes.statically_known_true``); False

@@ -30,6 +30,7 @@ training, evaluation at each image's own size) almost every size is new. Traced 
 Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
 on every call (small next to the attention itself), broadcast over the batch, never stored.
 """
+import contextlib
 from typing import Optional, Sequence
 
 import torch
@@ -133,12 +134,11 @@ class Attention(nn.Module):
         if self.use_sdpa and _sdpa_pays(q) and not (bias is not None and bias.requires_grad):
             if bias is not None and bias.dtype != q.dtype:
                 bias = bias.to(q.dtype)
-            if q.is_cuda and not is_tracing():  # no per-shape cuDNN plans (module docstring)
-                with sdpa_without_cudnn():
-                    return F.scaled_dot_product_attention(
-                        q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
+            # on CUDA no per-shape cuDNN plans (module docstring)
+            with (sdpa_without_cudnn() if q.is_cuda and not is_tracing()
+                  else contextlib.nullcontext()):
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
         attn = q @ k.transpose(-2, -1)
         if self.scale != 1.:  # (cosine attention scales q itself: no pass over N x N then)
             # scaling the product in place saves keeping a scaled copy of q for backward

@@ -48,18 +48,25 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
     return cfg
 
 
+def _config_dicts(node: Any, path: str = 'model'):
+    """Every dict of a nested config with its path (``model.roi_head.bbox_head``), each
+    before the dicts inside it."""
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from _config_dicts(value, f'{path}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _config_dicts(value, f'{path}[{i}]')
+
+
 def replace_sync_bn(node: Any) -> int:
     """Turn every ``type='SyncBN'`` in a (nested) config into ``'BN'``; return how many."""
     count = 0
-    if isinstance(node, dict):
-        if node.get('type') == 'SyncBN':
-            node['type'] = 'BN'
+    for _, entry in _config_dicts(node):
+        if entry.get('type') == 'SyncBN':
+            entry['type'] = 'BN'
             count += 1
-        for value in node.values():
-            count += replace_sync_bn(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            count += replace_sync_bn(value)
     return count
 
 
@@ -73,19 +80,13 @@ def _fix_workers(cfg: Config) -> None:
 def mmcv_roi_aligns(node: Any, path: str = 'model') -> List[str]:
     """The config paths of every ``roi_layer`` that builds mmcv's ``RoIAlign``."""
     found = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            kind = value.get('type', '') if isinstance(value, dict) else ''
-            if not isinstance(kind, str):  # a class in a Python config
-                kind = f'{kind.__module__}.{kind.__name__}'
-            if (key == 'roi_layer' and kind.split('.')[-1] == 'RoIAlign'
-                    and not kind.startswith('mmvitswin')):
-                found.append(f'{path}.{key}')
-            else:
-                found += mmcv_roi_aligns(value, f'{path}.{key}')
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            found += mmcv_roi_aligns(value, f'{path}[{i}]')
+    for where, entry in _config_dicts(node, path):
+        layer = entry.get('roi_layer')
+        kind = layer.get('type', '') if isinstance(layer, dict) else ''
+        if not isinstance(kind, str):  # a class in a Python config
+            kind = f'{kind.__module__}.{kind.__name__}'
+        if kind.split('.')[-1] == 'RoIAlign' and not kind.startswith('mmvitswin'):
+            found.append(f'{where}.roi_layer')
     return found
 
 
