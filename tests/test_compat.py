@@ -225,6 +225,29 @@ def test_is_exporting_under_torch_export():
     assert seen and all(seen)
 
 
+@pytest.mark.parametrize('dynamo', [False, True])
+def test_is_tracing_under_both_onnx_exporters(dynamo, tmp_path):
+    """``is_tracing`` leaves ``torch.onnx.is_in_onnx_export`` out (it is slow): each ONNX
+    exporter must run the model under a probe it asks (jit tracing, torch.export / dynamo)."""
+    if dynamo:
+        if not compat.HAS_DYNAMO_ONNX_EXPORT:
+            pytest.skip('torch.onnx.export(dynamo=True) needs torch >= 2.5')
+        pytest.importorskip('onnxscript')
+    seen = []
+
+    class M(torch.nn.Module):
+
+        def forward(self, x):
+            seen.append((compat.is_tracing(), torch.onnx.is_in_onnx_export()))
+            return x * 2
+
+    kwargs = dict(dynamo=True) if dynamo else (
+        dict(dynamo=False) if compat.HAS_DYNAMO_ONNX_EXPORT else {})
+    torch.onnx.export(M(), (torch.ones(2, 3), ), str(tmp_path / 'm.onnx'), **kwargs)
+    assert seen and all(tracing and onnx for tracing, onnx in seen), seen
+    assert compat.is_tracing() is False
+
+
 def test_requires_torch_helper():
     future = requires_torch((99, 0), 'time travel')
     assert future.args[0] is True and 'torch >= 99.0 for time travel' in future.kwargs['reason']

@@ -317,14 +317,20 @@ def _is_compiling_probe() -> Optional[Callable[[], bool]]:
 
 
 def _export_probes() -> Tuple[Callable[[], bool], ...]:
+    # ``torch.onnx.is_in_onnx_export`` is not asked: both ONNX exporters run the model under one
+    # of these (the TorchScript-based one under jit tracing, the dynamo-based one under
+    # torch.export / dynamo; tests/test_compat.py checks it), and it costs more than the
+    # others together (it imports two modules on every call; ~1 us, asked hundreds of times
+    # per forward)
     probes = [getattr(getattr(torch, 'compiler', None), 'is_exporting', None),  # torch.export
-              getattr(torch.onnx, 'is_in_onnx_export', None),  # TorchScript-based ONNX export
               torch.jit.is_tracing]
     return tuple(p for p in probes if p is not None)
 
 
 _IS_COMPILING = _is_compiling_probe()
 _EXPORT_PROBES = _export_probes()
+_TRACING_PROBES = ((_IS_COMPILING, ) if _IS_COMPILING is not None else ()) + _EXPORT_PROBES + (
+    torch.jit.is_scripting, )
 
 
 def is_compiling() -> bool:
@@ -335,8 +341,18 @@ def is_compiling() -> bool:
 def is_exporting() -> bool:
     """True while the calling code is being exported or traced to a graph: torch.export (where
     ``torch.compiler.is_exporting`` exists; older torch.export is only seen by
-    :func:`is_compiling`), ``torch.onnx.export`` or ``torch.jit.trace``."""
+    :func:`is_compiling`), ``torch.onnx.export`` (either exporter) or ``torch.jit.trace``."""
     for probe in _EXPORT_PROBES:
+        if probe():
+            return True
+    return False
+
+
+def is_tracing() -> bool:
+    """:func:`is_compiling`, :func:`is_exporting` or TorchScript scripting, as one flat loop:
+    the layers ask it hundreds of times per forward, and each nested call costs the host time
+    a GPU then waits for."""
+    for probe in _TRACING_PROBES:
         if probe():
             return True
     return False
@@ -357,5 +373,6 @@ __all__ = [
     'HAS_DYNAMO_ONNX_EXPORT', 'torch_at_least', 'add_safe_globals',
     'unsafe_globals_in_checkpoint', 'is_autocast_enabled', 'get_autocast_dtype', 'CPU_AUTOCAST_FP16',
     'autocast', 'LOW_PRECISION', 'cast_floats', 'custom_fwd',
-    'custom_bwd', 'grad_scaler', 'is_compiling', 'is_exporting', 'statically_known_true'
+    'custom_bwd', 'grad_scaler', 'is_compiling', 'is_exporting', 'is_tracing',
+    'statically_known_true'
 ]

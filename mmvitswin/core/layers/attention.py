@@ -161,10 +161,10 @@ class Attention(nn.Module):
         """The joint q/k/v projection ``(..., C) -> (..., 3C)``."""
         return self.qkv(x)
 
-    def projected_zero(self) -> Optional[torch.Tensor]:
-        """What :meth:`project` gives for an all-zero token ``(3C,)``: the projection's bias
-        (None: no bias, so zero)."""
-        return self.qkv.bias
+    def project_with_zero(self, x: torch.Tensor):
+        """``(project(x), zero)``: ``zero`` is what :meth:`project` gives for an all-zero
+        token ``(3C,)``, the projection's bias (None: no bias, so zero)."""
+        return self.project(x), self.qkv.bias
 
     def split_heads(self, qkv: torch.Tensor):
         """qkv: (B, N, 3C) -> q, k, v: (B, heads, N, head_dim), strided views."""

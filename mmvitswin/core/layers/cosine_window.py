@@ -63,11 +63,16 @@ def log_spaced_relative_coords(window: Sequence[int],
 
 def unit_vectors(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     """``x / max(||x||, eps)`` over the last dim, in fp32 (``F.normalize``'s values), except that
-    a vector of norm ``<= eps`` gives 0 **with a zero gradient**. Why: a zero-padded token's key
-    is exactly 0 (the projection has no key bias), where ``F.normalize``'s gradient is ``1/eps``
-    = 1e12: inf once cast back to fp16 under autocast, and NaN weight gradients after ``inf * 0``
-    (in fp32 those entries only reach the dropped padding and multiply zero inputs)."""
+    with autograd a vector of norm ``<= eps`` gives 0 **with a zero gradient**. Why: a
+    zero-padded token's key is exactly 0 (the projection has no key bias), where
+    ``F.normalize``'s gradient is ``1/eps`` = 1e12: inf once cast back to fp16 under autocast,
+    and NaN weight gradients after ``inf * 0`` (in fp32 those entries only reach the dropped
+    padding and multiply zero inputs). Without a gradient to take, ``F.normalize`` itself: 3
+    ops instead of 8 (each a kernel launch on a GPU); the two differ in rounding only (and at
+    norms in ``(0, eps]``, which no real token has)."""
     x = x.float()
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return F.normalize(x, dim=-1, eps=eps)
     sq = x.square().sum(-1, keepdim=True)
     return x * (torch.rsqrt(sq.clamp_min(eps * eps)) * (sq > eps * eps))
 
@@ -81,16 +86,23 @@ def cpb_mlp(num_heads: int, hidden_dims: int = 512) -> nn.Sequential:
 
 def cpb_table(mlp: nn.Module, coords: torch.Tensor) -> torch.Tensor:
     """``16 * sigmoid(mlp(coords))`` as a contiguous ``(heads, rows)`` float32 table: the MLP
-    and the sigmoid run in fp32 (outside autocast) on ``(rows, heads)``, then the small result is
-    transposed, so that :func:`continuous_position_bias` indexes it along the rows."""
-    weight = mlp[0].weight
+    and the sigmoid run in fp32 (outside autocast), as products giving the transposed layout
+    directly (``W2 relu(W1 coords^T + b1)``: no transposing copy), so that
+    :func:`continuous_position_bias` indexes it along the rows."""
+    first, last = mlp[0], mlp[2]
     device = coords.device.type
+
+    def run(c):  # mlp(c) transposed, (heads, rows), as functions: no module calls
+        hidden = torch.addmm(first.bias[:, None], first.weight, c.t()).relu_()
+        return last.weight @ hidden if last.bias is None else \
+            torch.addmm(last.bias[:, None], last.weight, hidden)
+
     if is_autocast_enabled(device):
         with torch.autocast(device, enabled=False):
-            table = mlp(coords.to(weight.dtype))
+            table = run(coords.to(first.weight.dtype))
     else:
-        table = mlp(coords.to(weight.dtype))
-    return (16. * torch.sigmoid(table.float())).t().contiguous()
+        table = run(coords.to(first.weight.dtype))
+    return 16. * torch.sigmoid(table.float())
 
 
 def continuous_position_bias(mlp: nn.Module, coords: torch.Tensor, index: torch.Tensor,
@@ -238,13 +250,18 @@ class CosineWindowAttention(Attention):
         """q and k as unit vectors (in fp32), q times its per-head scale, cast to ``dtype``.
         Heads may share a dim with windows (``(..., nW * heads, N, d)``): the scale broadcasts
         over the heads' position in that dim."""
-        q_unit = unit_vectors(q).unflatten(-3, (-1, self.num_heads))
-        q = (q_unit * self._logit_scale()).flatten(-4, -3).to(dtype)
-        return q, unit_vectors(k).to(dtype)
+        return self._scaled_q(unit_vectors(q), dtype), unit_vectors(k).to(dtype)
+
+    def _scaled_q(self, q_unit, dtype):
+        """Unit ``q`` (fp32, heads possibly sharing a dim with windows) times its per-head
+        scale, cast to ``dtype``."""
+        q_unit = q_unit.unflatten(-3, (-1, self.num_heads))
+        return (q_unit * self._logit_scale()).flatten(-4, -3).to(dtype)
 
     def attend(self, q, k, v, bias, masked=False, normalised=False):
-        """:meth:`Attention.attend` of cosine logits; ``normalised``: q and k come from
-        :meth:`project` already normalised (:meth:`normalises_at_projection`)."""
+        """:meth:`Attention.attend` of cosine logits; ``normalised``: q and k come already
+        normalised, q times its scale (by :meth:`project` where
+        :meth:`normalises_at_projection`, else by :meth:`attend_windows`)."""
         if normalised:
             return self._attend_unit(q, k, v, bias, masked)
         return super().attend(q, k, v, bias, masked)
@@ -268,21 +285,27 @@ class CosineWindowAttention(Attention):
         return super()._attend(q, k, v, bias, masked)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        """The q/k/v projection ``(..., C) -> (..., 3C)``; where
-        :meth:`normalises_at_projection`, q and k come out normalised (in place: no autograd
-        there), with the values the attention would give them. :meth:`projected_zero` stays
-        the raw bias: a padding token's key is 0 either way, and a padding query's output is
-        dropped."""
-        qkv = linear(x, self.qkv.weight, self.qkv_bias())
+        """The q/k/v projection ``(..., C) -> (..., 3C)`` (:meth:`project_with_zero`'s first)."""
+        return self.project_with_zero(x)[0]
+
+    def project_with_zero(self, x: torch.Tensor):
+        """``(qkv, zero)``: the q/k/v projection ``(..., C) -> (..., 3C)``, and what it gives
+        for an all-zero token (the raw ``[q_bias, 0, v_bias]``, built once for both; None
+        without biases). Where :meth:`normalises_at_projection`, q and k come out normalised
+        (in place: no autograd there), with the values the attention would give them; ``zero``
+        stays the raw bias: a padding token's key is 0 either way, and a padding query's
+        output is dropped."""
+        bias = self.qkv_bias()
+        qkv = linear(x, self.qkv.weight, bias)
         if self.normalises_at_projection(qkv):
             parts = qkv.view(*qkv.shape[:-1], 3, self.num_heads, self.head_dim)
-            # the scale's (heads, 1, 1) read with heads in the second-to-last dim
-            parts[..., 0, :, :] = unit_vectors(parts[..., 0, :, :]) * self._logit_scale()[..., 0]
-            parts[..., 1, :, :] = unit_vectors(parts[..., 1, :, :])
-        return qkv
-
-    def projected_zero(self) -> Optional[torch.Tensor]:
-        return self.qkv_bias()
+            # q and k in one pass (fp32), q scaled there, then one copy back: the values of
+            # normalising each and casting once; the scale's (heads, 1, 1) read with heads in
+            # the second-to-last dim
+            unit = unit_vectors(parts[..., :2, :, :])
+            unit[..., 0, :, :] *= self._logit_scale()[..., 0]
+            parts[..., :2, :, :] = unit
+        return qkv, bias
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.output(self.attend_windows(self.project(x), mask))
@@ -308,10 +331,18 @@ class CosineWindowAttention(Attention):
             bias = mask.to(bias.dtype).unsqueeze(1) + bias
         # windows and heads share one dim: 4-D inputs keep SDPA on its fused kernel, and the
         # (1, nW * heads, N, N) bias broadcasts over the images without a copy
-        q, k, v = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
-            .reshape(3, bw // nw, nw * heads, n, head_dim).unbind(0)
+        stacked = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
+            .reshape(3, bw // nw, nw * heads, n, head_dim)  # (a copy: nW and heads merge)
         bias = bias.reshape(1, nw * heads, n, n)
         normalised = self.normalises_at_projection(qkv)
+        if normalised or _runs_in_fp16(qkv):  # (fp16: normalised inside, in fp32)
+            q, k, v = stacked.unbind(0)
+        else:
+            # q and k normalised here, as one tensor: half the ops of normalising each (their
+            # backward too), each a kernel launch on a GPU; same values
+            unit = unit_vectors(stacked[:2])
+            q, k, v = self._scaled_q(unit[0], qkv.dtype), unit[1].to(qkv.dtype), stacked[2]
+            normalised = True
         if real_queries is None:
             out = self.attend(q, k, v, bias, masked=mask is not None, normalised=normalised)
         else:

@@ -114,7 +114,7 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
 
     Eager mode projects the real tokens only: q/k/v before the partition (a zero padding
     token projects to the projection's bias, which is what the padding of the projected
-    windows holds: ``attn.projected_zero``), the output after the merge (padding outputs are
+    windows holds: ``attn.project_with_zero``), the output after the merge (padding outputs are
     dropped anyway); in inference on a CPU the attention also skips the padding's queries
     (``real_queries``: :func:`~.window.real_query_spans`, :func:`skips_padding_queries`).
     Same function as projecting the padded windows, without the padding's rows in the
@@ -145,8 +145,8 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
         windows, scatter, padded = partition_windows(x, window, shift)
         mask = _mask(padded, window, shift, x)
         return merge_windows(attn(windows, mask), scatter, x.shape)
-    qkv = attn.project(x)
-    windows, scatter, padded = partition_windows(qkv, window, shift, attn.projected_zero())
+    qkv, zero = attn.project_with_zero(x)
+    windows, scatter, padded = partition_windows(qkv, window, shift, zero)
     real = real_query_spans(tuple(x.shape[1:-1]), window, shift) \
         if skips_padding_queries(x) else None
     out = attn.attend_windows(windows, _mask(padded, window, shift, qkv), real_queries=real)

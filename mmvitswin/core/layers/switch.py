@@ -34,7 +34,10 @@ from typing import Optional
 
 import torch
 
-from ..compat import is_autocast_enabled, is_compiling, is_exporting
+# is_tracing: True while dynamo/``torch.compile``, ``torch.export``, the ONNX exporter or TorchScript
+# tracing runs the model (shape-dependent Python branches must then be avoided); the layers
+# import it from here
+from ..compat import is_autocast_enabled, is_tracing  # noqa: F401
 
 _MODES = {'1': True, 'true': True, 'on': True, '0': False, 'false': False, 'off': False,
           'auto': None, '': None}
@@ -126,12 +129,6 @@ def set_fast_path(enabled: Optional[bool]) -> Optional[bool]:
     previous = _enabled
     _enabled = enabled
     return previous
-
-
-def is_tracing() -> bool:
-    """True while dynamo/``torch.compile``, ``torch.export``, the ONNX exporter or TorchScript
-    tracing runs the model: shape-dependent Python branches must then be avoided."""
-    return is_compiling() or is_exporting() or torch.jit.is_scripting()
 
 
 def fast_path_active(*tensors: torch.Tensor) -> bool:
