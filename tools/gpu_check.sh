@@ -8,9 +8,9 @@
 #   tools/gpu_check.sh
 #       THERE, through the device tool with carry=["build/gpu_check"]; results under $OUT
 #   tools/gpu_check.sh profile
-#       THERE, nothing to carry, about 60 s: tools/gpu_profile.py (torch + transformers only):
-#       the window backbones' batch-1 layout check, SwinV2-T / Swin-T new- and seen-size times
-#       against HF, host syncs and profiler tables
+#       THERE, nothing to carry, about 60-90 s: tools/gpu_profile.py (torch + transformers
+#       only): the window backbones' batch-1 layout check, SwinV2-T / Swin-T new- and seen-size
+#       times of the forward and the train step against HF, host syncs and profiler tables
 # The full check installs the carried wheels into build/gpu_check/site, compiles mmcv 2.1.0
 # with its CUDA ops for the local GPU only (323 s on the H200's 16 cores, limit 420 s; a carried
 # build/gpu_check replaces the folder there, so even a warm machine compiles again), then runs

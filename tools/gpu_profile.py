@@ -4,12 +4,13 @@
    (CUDA's attention kernels return a memory layout the CPU's never do);
 2. SwinV2-T (ours, and HF's ``Swinv2Backbone`` on the same weights) and Swin-T, batch 1, fp32
    and bf16 autocast: mean ms at new sizes (recipe x0.4, seed 101), then at the same sizes again,
-   interleaved;
+   interleaved; the forward, then the train step (the benchmark's: loss, backward, fused
+   AdamW; bf16 with autocast);
 3. the host synchronisations of one forward (``torch.cuda.set_sync_debug_mode``), by line;
 4. ``torch.profiler`` tables (self CPU, self CUDA) of one call at a new and at a seen size,
    with the kernel launches and aten calls counted.
 
-Writes ``log.txt``, ``times.json`` and ``profiles.txt`` under ``$OUT`` (default
+Writes ``log.txt``, ``times_forward.json``, ``times_train.json`` and ``profiles.txt`` under ``$OUT`` (default
 ``build/gpu_profile_out``). Without a GPU it runs the same steps on the CPU at smaller sizes
 (a dry run of the script).
 """
@@ -70,11 +71,14 @@ def check_layout(log):
             log(f'layout {name} FAILED: {type(exc).__name__}: {str(exc)[:200]}')
 
 
-def time_sizes(bench, models, log):
+def time_sizes(bench, models, log, kind='forward'):
     sizes = bench.draw_sizes(3 if DRY else 9, 0.15 if DRY else 0.4, 101)
     times = {}
     for dtype in ('fp32', 'bf16'):
-        calls = {name: bench.make_call('forward', m, dtype, DEV) for name, m in models.items()}
+        for m in models.values():
+            m.train(kind == 'train')
+        calls = {name: bench.make_call(kind, m, dtype, DEV, fused=kind == 'train')
+                 for name, m in models.items()}
         inputs = [torch.randn(1, 3, *s, device=DEV) for s in sizes]
         for call in calls.values():  # warm-up at a size that is not timed
             call(torch.randn(1, 3, 160, 160, device=DEV))
@@ -90,11 +94,13 @@ def time_sizes(bench, models, log):
                         (time.perf_counter() - t) * 1e3)
         for name in calls:
             new, again = times[f'{dtype} new {name}'], times[f'{dtype} seen {name}']
-            log(f'{dtype} {name}: new sizes {sum(new) / len(new):.1f} ms (min {min(new):.1f}, '
-                f'max {max(new):.1f}); seen {sum(again) / len(again):.1f} ms '
-                f'(min {min(again):.1f})')
+            log(f'{kind} {dtype} {name}: new sizes {sum(new) / len(new):.1f} ms '
+                f'(min {min(new):.1f}, max {max(new):.1f}); seen {sum(again) / len(again):.1f} '
+                f'ms (min {min(again):.1f})')
+    for m in models.values():
+        m.eval()
     log('sizes', sizes)
-    with open(os.path.join(OUT, 'times.json'), 'w') as f:
+    with open(os.path.join(OUT, f'times_{kind}.json'), 'w') as f:
         json.dump(dict(sizes=sizes, times=times), f)
 
 
@@ -177,6 +183,7 @@ def main():
         models = dict(ours_v2=ours.to(DEV), hf_v2=hf.to(DEV),
                       ours_swin=SwinTransformer().eval().to(DEV))
         time_sizes(bench, models, log)
+        time_sizes(bench, models, log, 'train')
         if DEV.type == 'cuda':
             count_syncs(bench, models, log)
         profiles(bench, models, log)
