@@ -555,6 +555,40 @@ def test_q_and_k_normalised_at_the_projection_give_the_same_features(dtype, monk
         assert not attn.normalises_at_projection(raw.half())
 
 
+@pytest.mark.parametrize('size', [(45, 77), (20, 20)])
+def test_gradients_match_hf(hf_narrow, size, tmp_path):
+    """The autograd path (q and k normalised in the attention, the bias's gradient through the
+    CPB MLP) against HF's on the same weights: the input's gradient and those of the cosine
+    attention's own parameters, at sizes that pad and shift."""
+    path = tmp_path / 'hf.pth'
+    torch.save(hf_model_layout(hf_narrow), path)
+    model = SwinTransformerV2(**NARROW, window_size=4, drop_path_rate=0.).eval()
+    load(model, path)
+    for i in range(4):  # HF's backbone has no output norms: compare raw stage maps
+        setattr(model, f'norm{i}', torch.nn.Identity())
+    hf = copy.deepcopy(hf_narrow)
+    x = torch.randn(2, 3, *size)
+    weights = [torch.randn(2, c, 1, 1) for c in (16, 32, 64, 128)]
+    grads = []
+    for run in (lambda t: model(t), lambda t: hf(t).feature_maps):
+        xg = x.clone().requires_grad_()
+        sum((m * w).square().mean() for m, w in zip(run(xg), weights)).backward()
+        grads.append(xg.grad)
+    assert max_rel_err(grads[0], grads[1]) < 1e-5
+    ours = dict(model.named_parameters())
+    theirs = dict(hf.named_parameters())
+    for s, b in ((0, 0), (1, 1), (3, 1)):
+        mine = f'stages.{s}.blocks.{b}.attn.w_msa.'
+        hf_attn = f'encoder.layers.{s}.blocks.{b}.attention.self.'
+        for a, h in (('logit_scale', 'logit_scale'), ('q_bias', 'query.bias'),
+                     ('v_bias', 'value.bias'), ('cpb_mlp.0.weight',
+                                                'continuous_position_bias_mlp.0.weight'),
+                     ('cpb_mlp.2.weight', 'continuous_position_bias_mlp.2.weight')):
+            got, want = ours[mine + a].grad, theirs[hf_attn + h].grad
+            assert got is not None and want.abs().max() > 0, (s, b, a)
+            assert max_rel_err(got.reshape(want.shape), want) < 1e-4, (s, b, a)
+
+
 def test_gradients_reach_every_parameter_and_with_cp_agrees():
     grads = []
     for with_cp in (False, True):
