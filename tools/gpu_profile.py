@@ -10,9 +10,9 @@
 4. ``torch.profiler`` tables (self CPU, self CUDA) of one call at a new and at a seen size,
    with the kernel launches and aten calls counted.
 
-Writes ``log.txt``, ``times_forward.json``, ``times_train.json`` and ``profiles.txt`` under ``$OUT`` (default
-``build/gpu_profile_out``). Without a GPU it runs the same steps on the CPU at smaller sizes
-(a dry run of the script).
+Writes ``log.txt``, ``times_forward.json``, ``times_train.json`` and ``profiles.txt`` under
+``$OUT`` (default ``build/gpu_profile_out``). Without a GPU it runs the same steps on the CPU
+at smaller sizes (a dry run of the script).
 """
 import importlib.util
 import json

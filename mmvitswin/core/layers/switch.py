@@ -34,9 +34,9 @@ from typing import Optional
 
 import torch
 
-# is_tracing: True while dynamo/``torch.compile``, ``torch.export``, the ONNX exporter or TorchScript
-# tracing runs the model (shape-dependent Python branches must then be avoided); the layers
-# import it from here
+# is_tracing: True while dynamo/``torch.compile``, ``torch.export``, the ONNX exporter or
+# TorchScript tracing runs the model (shape-dependent Python branches must then be avoided);
+# the layers import it from here
 from ..compat import is_autocast_enabled, is_tracing  # noqa: F401
 
 _MODES = {'1': True, 'true': True, 'on': True, '0': False, 'false': False, 'off': False,
