@@ -72,19 +72,20 @@ def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int
     n = 1
     for w in window:
         n *= w
+    tracing = is_tracing()
     # eager: the same indices from a fifth of the ops (window_gather_index_eager)
-    index = window_gather_index if is_tracing() else window_gather_index_eager
+    index = window_gather_index if tracing else window_gather_index_eager
     gather, valid, scatter = _shared(('index', spatial, window, shift, x.device),
                                      lambda: index(spatial, window, shift, x.device))
     windows = x.reshape(b, -1, c).index_select(1, gather)
     padded = tuple(padded_size(s, w) for s, w in zip(spatial, window))
-    if is_tracing() or padded != spatial:
+    if tracing or padded != spatial:
         if fill is None:
             # in place: index_select's output is new, and its backward does not read it
             windows = windows.masked_fill_(~valid[:, None], 0.)
         else:
             fill = fill.to(windows.dtype)
-            if is_tracing() or windows.device.type != 'cpu':
+            if tracing or windows.device.type != 'cpu':
                 # (on a GPU the boolean index below would wait for the device: one host sync
                 # per block, seen on an H200)
                 windows = torch.where(valid[:, None], windows, fill)
