@@ -331,6 +331,9 @@ def test_plain_and_fast_flags_force_the_switch_during_the_call(tool):
     info = tool.machine_info(device)
     assert info['fast_path'] == switch.fast_path_setting()
     assert info['cpu_capability'] == switch.cpu_capability()
+    # the oneDNN primitive cache the process runs with (the tool's room for every variant,
+    # unless the environment set one first) is reported with the machine
+    assert info['onednn_primitive_cache'] == int(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])
 
 
 def test_only_and_skip_select_rows_by_label(tool):

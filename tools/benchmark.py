@@ -8,7 +8,8 @@ inputs, interleaved call by call (the order alternates, so a load change hits al
 are drawn like mmdet's multi-scale resize in the Mask R-CNN Swin 3x recipe (short side 480-800
 in steps of 32, long side <= 1333, aspect kept), scaled by the case's ``scale`` and padded to a
 multiple of 32, seeded. Each size is fed twice: a first-seen pass and a seen-again pass, reported
-apart (per-shape JIT and caches cost in the first). A *row* compares two variants:
+apart (per-shape JIT and caches cost in the first; oneDNN's primitive cache is sized so that
+the variants do not evict each other's, see ``ONEDNN_CACHE``). A *row* compares two variants:
 
 - time: mean ms per call of the subject and the baseline, speed-up = baseline / subject;
 - peak: peak memory increase of one call at the largest size, ratio = subject / baseline;
@@ -47,6 +48,17 @@ from typing import List, Optional, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, ROOT)
+
+# oneDNN (torch's CPU kernels for bf16 matmuls, convolutions, some elementwise ops) builds one
+# primitive per op shape and keeps it in one cache per process: 1024 entries by default, the
+# least recently used dropped. A user's process runs one model, whose primitives for the sizes
+# it has seen stay there (SwinV2-T's bf16 train step over a pass's 13 sizes: 859 of ours, 667 of
+# HF's; a second pass missed none, either model alone). The variants of a case share this
+# process, and together they overflow the default: they evicted each other's primitives
+# between passes, and each seen size rebuilt them (ours 44 per bf16 train step, about 35 ms;
+# HF's 22, 17 ms). Room for eight variants' worth gives each what it has alone; a value set
+# in the environment is kept. Read before torch builds its first primitive.
+ONEDNN_CACHE = int(os.environ.setdefault('ONEDNN_PRIMITIVE_CACHE_CAPACITY', str(8 * 1024)))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -388,7 +400,8 @@ def machine_info(device) -> dict:
                 cpus=len(os.sched_getaffinity(0)), load_average=list(os.getloadavg()),
                 python=platform.python_version(), torch=torch.__version__,
                 threads=torch.get_num_threads(), device=str(device),
-                OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS'))
+                OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS'),
+                onednn_primitive_cache=ONEDNN_CACHE)
     for name in ('mmengine', 'mmcv', 'mmdet', 'mmseg'):
         info[name] = getattr(sys.modules.get(name) or __import__(name), '__version__', None)
     if device.type == 'cuda':
@@ -1586,11 +1599,13 @@ def _names(r: dict) -> List[str]:
 def render(report: dict) -> str:
     from tabulate import tabulate
     m, rows = report['machine'], [r for c in report['cases'] for r in c.get('rows', [])]
+    cache = (f"; oneDNN primitive cache {m['onednn_primitive_cache']}"
+             if m.get('onednn_primitive_cache') else '')
     lines = [f"# mmvitswin benchmark ({report['preset']})", '',
              f"{m['cpu']}, {m['cpus']} usable CPUs, {m['threads']} torch threads, "
              f"device {m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}"
              f"{'; torch CPU capability ' + m['cpu_capability'] if m.get('cpu_capability') else ''}"
-             f"; fast path {m.get('fast_path', '?')}; torch {m['torch']}, "
+             f"; fast path {m.get('fast_path', '?')}{cache}; torch {m['torch']}, "
              f"mmdet {m['mmdet']}, mmseg {m['mmseg']}; commit {m.get('commit')}; "
              f"load average {m['load_average'][0]:.1f} at start, "
              f"{report['load_average_end'][0]:.1f} at end; {report['wall_s']:.0f} s.", '']
