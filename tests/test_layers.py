@@ -1,6 +1,7 @@
 """Shared layers: window gather indices, the shift mask, the window-size arithmetic under
 torch.compile, attention in mixed precision, the fast-path switch."""
 import itertools
+import math
 import random
 
 import pytest
@@ -9,7 +10,8 @@ import torch.nn.functional as F
 
 from mmvitswin.core.compat import COMPILE_DYNAMIC_OK, CPU_AUTOCAST_FP16
 from mmvitswin.core.layers import (FFN, WindowAttention, ceil_div, effective_window,
-                                     fast_path_active, pad_to_multiple, set_fast_path,
+                                     fast_path_active, merge_windows, pad_to_multiple,
+                                     partition_windows, set_fast_path,
                                      shift_window_mask, window_gather_index, window_partition,
                                      window_reverse)
 from mmvitswin.core.layers.window import cells_of, padded_size
@@ -88,6 +90,57 @@ def test_gather_index_equals_pad_roll_partition(spatial, window, shift):
     rev = window_reverse(want, window, padded)
     rev = torch.roll(rev, shift, tuple(range(1, len(window) + 1)))
     assert torch.equal(rev[(slice(None), ) + tuple(slice(0, s) for s in spatial)], x)
+
+
+@pytest.mark.parametrize('spatial, window, shift', [((9, 13), (4, 4), (2, 2)),
+                                                    ((8, 12), (4, 4), (0, 0)),
+                                                    ((5, 7), (4, 4), (0, 0)),
+                                                    ((4, 6, 7), (2, 3, 3), (1, 1, 1))])
+def test_window_partition_and_merge_gradients_match_the_plain_gathers(spatial, window, shift):
+    """partition_windows / merge_windows with autograd take each other's gather as their
+    backward (no index_add): the same values and gradients as autograd through the plain
+    gathers (index_select, the padding filled with zeros or with a vector that gets the
+    padding rows' gradient), numerically checked to second order."""
+    from mmvitswin.core.layers.shifted_window import _Merge, _Partition
+    torch.manual_seed(0)
+    x = torch.randn(2, *spatial, 5, dtype=torch.double, requires_grad=True)
+    fill = torch.randn(5, dtype=torch.double, requires_grad=True)
+    gather, valid, scatter = window_gather_index(spatial, window, shift, x.device)
+    n = math.prod(window)
+    weight = torch.randn(2 * gather.numel() // n, n, 5, dtype=torch.double)
+
+    def ours(x, fill=None):
+        windows, index, _ = partition_windows(x, window, shift, fill)
+        assert windows._base.grad_fn.name() == _Partition.__name__ + 'Backward'
+        mixed = windows * weight + windows.sum(-2, keepdim=True)  # every entry counts
+        return mixed, merge_windows(mixed, index, x.shape)
+
+    def plain(x, fill=None):
+        windows = x.reshape(2, -1, 5).index_select(1, gather)
+        windows = torch.where(valid[:, None], windows, 0. if fill is None else fill)
+        mixed = windows.view(-1, n, 5) * weight + windows.view(-1, n, 5).sum(-2, keepdim=True)
+        return mixed, mixed.reshape(2, -1, 5).index_select(1, scatter).view_as(x)
+
+    for args in ((x, fill), (x, )):
+        got, want = ours(*args), plain(*args)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+        cot = [torch.randn_like(t) for t in got]
+        grads_got = torch.autograd.grad(got, args, cot, materialize_grads=True)
+        grads_want = torch.autograd.grad(want, args, cot, materialize_grads=True)
+        for g, w in zip(grads_got, grads_want):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+        assert torch.autograd.gradcheck(ours, args, fast_mode=True)
+        assert torch.autograd.gradgradcheck(ours, args, fast_mode=True)
+    # the merge's own backward is the partition of the gradient (padding entries 0)
+    windows = torch.randn(gather.numel() // n * 2, n, 5, dtype=torch.double, requires_grad=True)
+    _, index, _ = partition_windows(x.detach(), window, shift)
+    merged = merge_windows(windows, index, x.shape)
+    assert merged._base.grad_fn.name() == _Merge.__name__ + 'Backward'
+    cot = torch.randn_like(merged)
+    got, = torch.autograd.grad(merged, windows, cot)
+    want = cot.reshape(2, -1, 5).index_select(1, gather).masked_fill(~valid[:, None], 0.)
+    assert torch.equal(got, want.view_as(windows))
 
 
 @pytest.mark.parametrize('patch', [2, 8, 16])

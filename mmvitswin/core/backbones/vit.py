@@ -252,8 +252,8 @@ class ViTBlock(nn.Module):
         window = (self.window_size, self.window_size)
         # zero padding after norm1 (as ViTDet), windows by one gather each way
         shape = (b, grid[0], grid[1], c)
-        windows, scatter, _ = partition_windows(tokens.reshape(shape), window, (0, 0))
-        out = merge_windows(self.attn(windows, window, 0), scatter, shape)
+        windows, index, _ = partition_windows(tokens.reshape(shape), window, (0, 0))
+        out = merge_windows(self.attn(windows, window, 0), index, shape)
         out = out.view(b, grid[0] * grid[1], c)
         if num_prefix:
             out = torch.cat([torch.zeros_like(prefix), out], dim=1)

@@ -4,7 +4,7 @@ Shared by the 2-D Swin (windows of ``(Wh, Ww)``) and the video Swin (``(Wt, Wh, 
 """
 import contextlib
 import contextvars
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -58,47 +58,128 @@ def _shared(key: tuple, build: Callable):
     return memo[key]
 
 
+class WindowIndex(NamedTuple):
+    """The indices of one window partition (:func:`~.window.window_gather_index`): ``gather``
+    and ``valid`` take tokens to windows, ``scatter`` takes them back; ``padded``: whether any
+    window entry is padding (``valid`` not all True)."""
+    gather: torch.Tensor
+    valid: torch.Tensor
+    scatter: torch.Tensor
+    padded: bool
+
+
+def _to_windows(x: torch.Tensor, index: WindowIndex, fill: Optional[torch.Tensor]):
+    """``x: (B, L, C)`` -> ``(B, nW * N, C)``: the gather, padding entries 0 or ``fill`` (in
+    ``x``'s dtype)."""
+    windows = x.index_select(1, index.gather)
+    if not index.padded:
+        return windows
+    if fill is None:
+        # in place: index_select's output is new, and nothing keeps it for a backward
+        return windows.masked_fill_(~index.valid[:, None], 0.)
+    if is_tracing() or windows.device.type != 'cpu':
+        # (on a GPU the boolean index below would wait for the device: one host sync per
+        # block, seen on an H200)
+        return torch.where(index.valid[:, None], windows, fill)
+    windows[:, ~index.valid] = fill  # in place, on the padding rows only (as above)
+    return windows
+
+
+class _Partition(torch.autograd.Function):
+    """:func:`_to_windows` whose backward is the inverse gather (:class:`_Merge`), not
+    ``index_select``'s generic backward.
+
+    Why: ``index_select`` cannot know its index is a permutation, so its backward adds the
+    gradient into a zeroed tensor (``index_add``), a zero fill and a scatter of every value.
+    Every real token appears exactly once among the windows' valid entries, so its gradient
+    is the gradient at that one entry: a plain gather by ``scatter`` (and the padding rows'
+    gradient summed for ``fill``). Same values as autograd's form."""
+
+    @staticmethod
+    def forward(ctx, x, index, fill):
+        ctx.index = index
+        return _to_windows(x, index, fill)
+
+    @staticmethod
+    def backward(ctx, grad):
+        index = ctx.index
+        grad_x = _Merge.apply(grad, index) if ctx.needs_input_grad[0] else None
+        grad_fill = None
+        if ctx.needs_input_grad[2] and index.padded:
+            pad = ~index.valid
+            # (a boolean index on a GPU would wait for the device, as in _to_windows)
+            grad_fill = (grad[:, pad] if grad.device.type == 'cpu'
+                         else grad * pad[:, None]).sum((0, 1))
+        return grad_x, None, grad_fill
+
+
+class _Merge(torch.autograd.Function):
+    """``windows (B, nW * N, C)`` -> ``(B, L, C)`` by ``scatter``; the backward is the
+    partition of the gradient (padding entries 0): :class:`_Partition`, as its inverse."""
+
+    @staticmethod
+    def forward(ctx, windows, index):
+        ctx.index = index
+        return windows.index_select(1, index.scatter)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Partition.apply(grad, ctx.index, None), None
+
+
+def _window_index(spatial, window, shift, device) -> WindowIndex:
+    # eager: the same indices from a fifth of the ops (window_gather_index_eager)
+    # (while tracing the sizes may be symbolic: no comparison, the padding is always filled)
+    if is_tracing():
+        return WindowIndex(*window_gather_index(spatial, window, shift, device), True)
+    padded = any(padded_size(s, w) != s for s, w in zip(spatial, window))
+    return WindowIndex(*window_gather_index_eager(spatial, window, shift, device), padded)
+
+
 def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int, ...],
                       fill: Optional[torch.Tensor] = None):
-    """``x: (B, *spatial, C)`` -> ``(windows (B * nW, N, C), scatter, padded)``.
+    """``x: (B, *spatial, C)`` -> ``(windows (B * nW, N, C), index, padded)``.
 
     Pads each spatial dim at its end to a multiple of the window (with zeros, or with the
     ``(C,)`` vector ``fill``), rolls by ``-shift`` and splits into windows, as one gather
-    (``window_gather_index``); ``scatter`` and :func:`merge_windows` undo it. ``padded`` is the
-    padded spatial size.
+    (``window_gather_index``); ``index`` (:class:`WindowIndex`) and :func:`merge_windows`
+    undo it. ``padded`` is the padded spatial size. With autograd (eager) each direction's
+    backward is the other direction's gather (:class:`_Partition`).
     """
     spatial = tuple(x.shape[1:-1])
     b, c = x.shape[0], x.shape[-1]
     n = 1
     for w in window:
         n *= w
-    tracing = is_tracing()
-    # eager: the same indices from a fifth of the ops (window_gather_index_eager)
-    index = window_gather_index if tracing else window_gather_index_eager
-    gather, valid, scatter = _shared(('index', spatial, window, shift, x.device),
-                                     lambda: index(spatial, window, shift, x.device))
-    windows = x.reshape(b, -1, c).index_select(1, gather)
+    index = _shared(('index', spatial, window, shift, x.device),
+                    lambda: _window_index(spatial, window, shift, x.device))
+    flat = x.reshape(b, -1, c)
+    if fill is not None:
+        fill = fill.to(flat.dtype)
+    if _differentiates(flat, fill):
+        windows = _Partition.apply(flat, index, fill)
+    else:
+        windows = _to_windows(flat, index, fill)
     padded = tuple(padded_size(s, w) for s, w in zip(spatial, window))
-    if tracing or padded != spatial:
-        if fill is None:
-            # in place: index_select's output is new, and its backward does not read it
-            windows = windows.masked_fill_(~valid[:, None], 0.)
-        else:
-            fill = fill.to(windows.dtype)
-            if tracing or windows.device.type != 'cpu':
-                # (on a GPU the boolean index below would wait for the device: one host sync
-                # per block, seen on an H200)
-                windows = torch.where(valid[:, None], windows, fill)
-            else:  # in place, on the padding rows only (index_select's output, as above)
-                windows[:, ~valid] = fill
-    return windows.view(-1, n, c), scatter, padded
+    return windows.view(-1, n, c), index, padded
 
 
-def merge_windows(windows: torch.Tensor, scatter: torch.Tensor, shape) -> torch.Tensor:
+def merge_windows(windows: torch.Tensor, index: WindowIndex, shape) -> torch.Tensor:
     """Inverse of :func:`partition_windows`: ``(B * nW, N, C)`` back to ``shape`` ``(B, *spatial,
-    C)`` (roll back, crop the padding). ``windows`` may be a strided view (CUDA's attention
-    kernels return their heads interleaved in memory): then the flattening copies."""
-    return windows.reshape(shape[0], -1, shape[-1]).index_select(1, scatter).view(shape)
+    C)`` (roll back, crop the padding); ``index``: what the partition returned. ``windows`` may
+    be a strided view (CUDA's attention kernels return their heads interleaved in memory):
+    then the flattening copies."""
+    flat = windows.reshape(shape[0], -1, shape[-1])
+    if _differentiates(flat):
+        return _Merge.apply(flat, index).view(shape)
+    return flat.index_select(1, index.scatter).view(shape)
+
+
+def _differentiates(*tensors) -> bool:
+    """Whether autograd records an op on ``tensors`` in eager mode (traced graphs keep the
+    plain ops: compile and export differentiate or export them as they are)."""
+    return (torch.is_grad_enabled() and not is_tracing()
+            and any(t is not None and t.requires_grad for t in tensors))
 
 
 def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tuple[int, ...],
@@ -120,8 +201,9 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     (``real_queries``: :func:`~.window.real_query_spans`, :func:`skips_padding_queries`).
     Same function as projecting the padded windows, without the padding's rows in the
     products: up to 2x fewer rows on small maps, which are padded to whole windows. With
-    autograd it costs the gather's backward (an ``index_add``) on 3C channels instead of C,
-    and still measured faster (train step, sizes x0.4, 2-core AMD EPYC Zen 5: SwinV2-T fp32
+    autograd it costs the gather's backward on 3C channels instead of C (then an
+    ``index_add``; since 2026-12-04 the inverse gather, :class:`_Partition`), and still
+    measured faster (train step, sizes x0.4, 2-core AMD EPYC Zen 5: SwinV2-T fp32
     9-11 %, bf16 -2 to +6 %; Swin-T fp32 1-6 %, bf16 -2 to +3.5 %; the video Swin-T fp32 5 %,
     bf16 no change; Zen 4: SwinV2-T fp32 3-17 %, bf16 11-13 %, Swin-T fp32 15 %, bf16
     2-3.5 %). Skipping the padding's queries with autograd did not pay (its blocks of windows
@@ -143,15 +225,15 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
             # the projection casts its input to autocast's dtype anyway: cast before the
             # window gather, which then moves half the bytes (same values either way)
             x = x.to(get_autocast_dtype(device))
-        windows, scatter, padded = partition_windows(x, window, shift)
+        windows, index, padded = partition_windows(x, window, shift)
         mask = _mask(padded, window, shift, x)
-        return merge_windows(attn(windows, mask), scatter, x.shape)
+        return merge_windows(attn(windows, mask), index, x.shape)
     qkv, zero = attn.project_with_zero(x)
-    windows, scatter, padded = partition_windows(qkv, window, shift, zero)
+    windows, index, padded = partition_windows(qkv, window, shift, zero)
     real = real_query_spans(tuple(x.shape[1:-1]), window, shift) \
         if skips_padding_queries(x) else None
     out = attn.attend_windows(windows, _mask(padded, window, shift, qkv), real_queries=real)
-    return attn.output(merge_windows(out, scatter, x.shape))  # heads merged: C channels
+    return attn.output(merge_windows(out, index, x.shape))  # heads merged: C channels
 
 
 def skips_padding_queries(x: torch.Tensor) -> bool:
