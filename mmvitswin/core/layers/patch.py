@@ -108,6 +108,31 @@ def _neighbour_pairs(x: torch.Tensor, dim: int, stride: int) -> torch.Tensor:
     return x.unflatten(dim, (x.shape[dim] // stride, stride)).narrow(dim, 0, 2)
 
 
+class _Reordered(torch.autograd.Function):
+    """``t.index_select(dim, order)`` for a permutation ``order`` whose inverse is ``back``:
+    the backward gathers by ``back`` instead of ``index_select``'s generic backward (a zeroed
+    tensor the gradient is added into). Same values."""
+
+    @staticmethod
+    def forward(ctx, t, dim, order, back):
+        ctx.dim, ctx.order, ctx.back = dim, order, back
+        return t.index_select(dim, order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Reordered.apply(grad, ctx.dim, ctx.back, ctx.order), None, None, None
+
+
+def _reorder(t: Optional[torch.Tensor], dim: int, order: torch.Tensor, back: torch.Tensor):
+    """``t`` (None stays None) with its ``dim`` permuted by ``order`` (inverse ``back``); the
+    autograd function in eager calls that need a gradient, the plain gather elsewhere."""
+    if t is None:
+        return None
+    if t.requires_grad and torch.is_grad_enabled() and not is_tracing():
+        return _Reordered.apply(t, dim, order, back)
+    return t.index_select(dim, order)
+
+
 class PatchMerging(nn.Module):
     """Merge each 2x2 neighbourhood into one token and project 4C -> out_channels.
 
@@ -164,16 +189,15 @@ class PatchMerging(nn.Module):
         # this layout is channel idx[j] of mmdet's. The norm's statistics do not depend on the
         # order of the channels, so the result is the same up to float rounding.
         x = x.permute(*range(nl), hdim, wdim, dy, dx, cdim).reshape(*lead, oh, ow, 4 * c)
-        idx = torch.arange(4 * c, device=x.device).view(c, 4).t().reshape(-1)
-        weight = self.reduction.weight.index_select(1, idx)
+        numbers = torch.arange(4 * c, device=x.device)
+        idx, back = numbers.view(c, 4).t().reshape(-1), numbers.view(4, c).t().reshape(-1)
+        weight = _reorder(self.reduction.weight, 1, idx, back)
         if self.norm_after:
             return self.norm(linear(x, weight, self.reduction.bias))
         norm = self.norm
         if isinstance(norm, nn.LayerNorm):
-            x = F.layer_norm(x, norm.normalized_shape,
-                             None if norm.weight is None else norm.weight.index_select(0, idx),
-                             None if norm.bias is None else norm.bias.index_select(0, idx),
-                             norm.eps)
+            x = F.layer_norm(x, norm.normalized_shape, _reorder(norm.weight, 0, idx, back),
+                             _reorder(norm.bias, 0, idx, back), norm.eps)
         elif not isinstance(norm, nn.Identity):
             raise TypeError(f'PatchMerging: norm must be nn.LayerNorm or nn.Identity, got '
                             f'{type(norm).__name__}')
