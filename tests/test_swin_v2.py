@@ -555,6 +555,42 @@ def test_q_and_k_normalised_at_the_projection_give_the_same_features(dtype, monk
         assert not attn.normalises_at_projection(raw.half())
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_fused_q_k_normalisation_matches_autograd_through_the_plain_ops(dtype):
+    """The autograd path's q/k normalisation is one function with a written-out backward: the
+    same q and k as unit_vectors, scaled per head and cast, and the gradients of autograd's
+    chain through those ops (input and scale), a zero token (a padding key) included, whose
+    gradient is 0; a second derivative is refused, not computed wrong."""
+    from mmvitswin.core.layers.cosine_window import _UnitQK
+    torch.manual_seed(0)
+    heads = 3
+    qk = torch.randn(2, 2, 4 * heads, 16, 8).to(dtype)
+    qk[:, 1, 5, 3] = 0.  # a zero token, q and k
+    qk.requires_grad_(True)
+    log_scale = torch.randn(heads, 1, 1, requires_grad=True)
+
+    def plain(qk, log_scale):
+        q, k = unit_vectors(qk).unbind(0)
+        q = (q.unflatten(-3, (-1, heads)) * log_scale.exp()).flatten(-4, -3)
+        return q.to(dtype), k.to(dtype)
+
+    got = _UnitQK.apply(qk, log_scale.exp(), heads, dtype, 1e-12)
+    want = plain(qk, log_scale)
+    assert all(g.dtype == dtype and torch.equal(g, w) for g, w in zip(got, want))
+    cot = [torch.randn_like(t) for t in got]
+    grads = torch.autograd.grad(got, (qk, log_scale), cot)
+    expected = torch.autograd.grad(want, (qk, log_scale), cot)
+    for g, e in zip(grads, expected):
+        assert g.dtype == e.dtype and torch.isfinite(g).all()
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5 * e.abs().max().item())
+    assert torch.equal(grads[0][:, 1, 5, 3], torch.zeros_like(grads[0][:, 1, 5, 3]))
+    out = _UnitQK.apply(qk, log_scale.exp(), heads, dtype, 1e-12)
+    cot = torch.randn_like(out[0]).requires_grad_(True)
+    first, = torch.autograd.grad(out[0], qk, cot, create_graph=True)
+    with pytest.raises(RuntimeError, match='once_differentiable'):
+        first.float().sum().backward()
+
+
 @pytest.mark.parametrize('size', [(45, 77), (20, 20)])
 def test_gradients_match_hf(hf_narrow, size, tmp_path):
     """The autograd path (q and k normalised in the attention, the bias's gradient through the
