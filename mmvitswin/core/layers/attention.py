@@ -153,10 +153,9 @@ class Attention(nn.Module):
             if not is_tracing() and bias.dtype == attn.dtype and \
                     torch.broadcast_shapes(bias.shape, attn.shape) == attn.shape:
                 # in place: the product's backward keeps q and k, not its output, so autograd
-                # allows it; one N x N tensor less per call (train steps 0-4 % faster,
-                # SwinV2-T and Swin-T, bf16 and fp32, 2-core AMD EPYC Zen 4). Not while
-                # tracing: comparing symbolic shapes would add guards, and the compiled graph
-                # places its buffers itself
+                # allows it; one N x N tensor less per call. Not while tracing: comparing
+                # symbolic shapes would add guards, and the compiled graph places its
+                # buffers itself
                 attn = attn.add_(bias)
             else:  # (a bias in another dtype promotes the logits, as before)
                 attn = attn + bias

@@ -381,8 +381,7 @@ class CosineWindowAttention(Attention):
             # q and k normalised here, as one tensor: half the ops of normalising each (their
             # backward too), each a kernel launch on a GPU; same values
             # (split, unbind and squeeze, not indexing: their backwards are one concatenation
-            # each, where an index's is a zeroed full-size tensor per part, then a sum: the
-            # SwinV2-T train step 2-5 % faster, bf16 and fp32, 2-core AMD EPYC Zen 4)
+            # each, where an index's is a zeroed full-size tensor per part, then a sum)
             qk, v = stacked.split((2, 1))
             scale = self._logit_scale()
             if torch.is_grad_enabled() and (qk.requires_grad or scale.requires_grad) \
