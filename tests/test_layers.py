@@ -132,6 +132,11 @@ def test_window_partition_and_merge_gradients_match_the_plain_gathers(spatial, w
             torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
         assert torch.autograd.gradcheck(ours, args, fast_mode=True)
         assert torch.autograd.gradgradcheck(ours, args, fast_mode=True)
+    # the fill's gradient as a GPU computes it (a masked sum, no boolean index): the same
+    from mmvitswin.core.layers.shifted_window import _padding_sum
+    grad = torch.randn(2, gather.numel(), 5, dtype=torch.double)
+    torch.testing.assert_close(_padding_sum(grad, valid, False), _padding_sum(grad, valid, True),
+                               rtol=1e-12, atol=1e-12)
     # the merge's own backward is the partition of the gradient (padding entries 0)
     windows = torch.randn(gather.numel() // n * 2, n, 5, dtype=torch.double, requires_grad=True)
     _, index, _ = partition_windows(x.detach(), window, shift)

@@ -106,11 +106,16 @@ class _Partition(torch.autograd.Function):
         grad_x = _Merge.apply(grad, index) if ctx.needs_input_grad[0] else None
         grad_fill = None
         if ctx.needs_input_grad[2] and index.padded:
-            pad = ~index.valid
-            # (a boolean index on a GPU would wait for the device, as in _to_windows)
-            grad_fill = (grad[:, pad] if grad.device.type == 'cpu'
-                         else grad * pad[:, None]).sum((0, 1))
+            grad_fill = _padding_sum(grad, index.valid, grad.device.type == 'cpu')
         return grad_x, None, grad_fill
+
+
+def _padding_sum(grad: torch.Tensor, valid: torch.Tensor, indexed: bool) -> torch.Tensor:
+    """The sum of ``grad (B, nW * N, C)`` over the padding entries (``~valid``) -> ``(C,)``:
+    ``indexed`` reads those rows only (a boolean index: on a GPU it would wait for the device,
+    as in :func:`_to_windows`), else a masked sum over all rows."""
+    pad = ~valid
+    return (grad[:, pad] if indexed else grad * pad[:, None]).sum((0, 1))
 
 
 class _Merge(torch.autograd.Function):
