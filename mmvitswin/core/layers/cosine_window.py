@@ -32,7 +32,7 @@ from .arch import window_and_shift
 from .attention import Attention, _runs_in_fp16
 from .linear import linear
 from .shifted_window import shifted_window_attention
-from .switch import is_tracing
+from .switch import eager_autograd, is_tracing
 from .window import relative_position_index
 
 __all__ = ['LOGIT_SCALE_MAX', 'log_spaced_relative_coords', 'pretrained_window_of', 'cpb_mlp',
@@ -292,11 +292,13 @@ class CosineWindowAttention(Attention):
         over the heads' position in that dim."""
         return self._scaled_q(unit_vectors(q), dtype), unit_vectors(k).to(dtype)
 
-    def _scaled_q(self, q_unit, dtype):
+    def _scaled_q(self, q_unit, dtype, scale=None):
         """Unit ``q`` (fp32, heads possibly sharing a dim with windows) times its per-head
-        scale, cast to ``dtype``."""
+        scale (``scale``: :meth:`_logit_scale`'s value where the caller has it), cast to
+        ``dtype``."""
         q_unit = q_unit.unflatten(-3, (-1, self.num_heads))
-        return (q_unit * self._logit_scale()).flatten(-4, -3).to(dtype)
+        scale = self._logit_scale() if scale is None else scale
+        return (q_unit * scale).flatten(-4, -3).to(dtype)
 
     def attend(self, q, k, v, bias, masked=False, normalised=False):
         """:meth:`Attention.attend` of cosine logits; ``normalised``: q and k come already
@@ -384,12 +386,11 @@ class CosineWindowAttention(Attention):
             # each, where an index's is a zeroed full-size tensor per part, then a sum)
             qk, v = stacked.split((2, 1))
             scale = self._logit_scale()
-            if torch.is_grad_enabled() and (qk.requires_grad or scale.requires_grad) \
-                    and not is_tracing():  # (traced graphs: the plain ops, which compile)
+            if eager_autograd(qk, scale):
                 q, k = _UnitQK.apply(qk, scale, self.num_heads, qkv.dtype, 1e-12)
             else:
                 q, k = unit_vectors(qk).unbind(0)
-                q, k = self._scaled_q(q, qkv.dtype), k.to(qkv.dtype)
+                q, k = self._scaled_q(q, qkv.dtype, scale), k.to(qkv.dtype)
             v = v.squeeze(0)
             normalised = True
         if real_queries is None:

@@ -6,7 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .linear import Linear, linear
-from .switch import is_tracing
+from .switch import eager_autograd, is_tracing
 from .window import pad_amount, to_tuple
 
 
@@ -128,7 +128,7 @@ def _reorder(t: Optional[torch.Tensor], dim: int, order: torch.Tensor, back: tor
     autograd function in eager calls that need a gradient, the plain gather elsewhere."""
     if t is None:
         return None
-    if t.requires_grad and torch.is_grad_enabled() and not is_tracing():
+    if eager_autograd(t):
         return _Reordered.apply(t, dim, order, back)
     return t.index_select(dim, order)
 

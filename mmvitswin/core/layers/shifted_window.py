@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from ..compat import get_autocast_dtype, is_autocast_enabled
 from .attention import WindowAttention
-from .switch import is_tracing
+from .switch import eager_autograd, is_tracing
 from .window import (effective_window, padded_size, real_query_spans, shift_window_mask,
                      window_gather_index, window_gather_index_eager)
 
@@ -133,8 +133,9 @@ class _Merge(torch.autograd.Function):
 
 
 def _window_index(spatial, window, shift, device) -> WindowIndex:
-    # eager: the same indices from a fifth of the ops (window_gather_index_eager)
-    # (while tracing the sizes may be symbolic: no comparison, the padding is always filled)
+    """The partition's indices: in eager calls from :func:`~.window.window_gather_index_eager`
+    (the same indices from a fifth of the ops); while tracing from the arithmetic, with the
+    padding always filled (the sizes may be symbolic: no comparison)."""
     if is_tracing():
         return WindowIndex(*window_gather_index(spatial, window, shift, device), True)
     padded = any(padded_size(s, w) != s for s, w in zip(spatial, window))
@@ -161,7 +162,7 @@ def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int
     flat = x.reshape(b, -1, c)
     if fill is not None:
         fill = fill.to(flat.dtype)
-    if _differentiates(flat, fill):
+    if eager_autograd(flat, fill):
         windows = _Partition.apply(flat, index, fill)
     else:
         windows = _to_windows(flat, index, fill)
@@ -175,16 +176,9 @@ def merge_windows(windows: torch.Tensor, index: WindowIndex, shape) -> torch.Ten
     be a strided view (CUDA's attention kernels return their heads interleaved in memory):
     then the flattening copies."""
     flat = windows.reshape(shape[0], -1, shape[-1])
-    if _differentiates(flat):
+    if eager_autograd(flat):
         return _Merge.apply(flat, index).view(shape)
     return flat.index_select(1, index.scatter).view(shape)
-
-
-def _differentiates(*tensors) -> bool:
-    """Whether autograd records an op on ``tensors`` in eager mode (traced graphs keep the
-    plain ops: compile and export differentiate or export them as they are)."""
-    return (torch.is_grad_enabled() and not is_tracing()
-            and any(t is not None and t.requires_grad for t in tensors))
 
 
 def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tuple[int, ...],

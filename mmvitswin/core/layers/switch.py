@@ -50,6 +50,15 @@ _vendor: Optional[str] = None
 _family: Optional[int] = None
 
 
+def eager_autograd(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether autograd records an op on ``tensors`` (None entries skipped) in an eager call:
+    grad mode on, one of them requires grad, nothing traced. Where the layers take their
+    autograd functions with a written-out backward; traced graphs keep the plain ops, which
+    compile and export differentiate or export as they are."""
+    return (torch.is_grad_enabled() and not is_tracing()
+            and any(t is not None and t.requires_grad for t in tensors))
+
+
 def _cpuinfo_field(name: str) -> Optional[str]:
     """The value of the first ``name : value`` line of /proc/cpuinfo; None where the file
     cannot be read (not Linux) or has no such line."""
