@@ -20,7 +20,7 @@
   -100 shift mask), shared with the V1 Swin.
 """
 import math
-from typing import Optional, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -29,15 +29,19 @@ from torch.autograd.function import once_differentiable
 
 from ..compat import is_autocast_enabled
 from .arch import window_and_shift
-from .attention import Attention, _runs_in_fp16
+from .attention import Attention, _runs_in_fp16, drop_negligible_logits_
 from .linear import linear
-from .shifted_window import shifted_window_attention
-from .switch import eager_autograd, is_tracing
+from .shifted_window import shared, shifted_window_attention
+from .switch import denormals_are_slow, eager_autograd, is_tracing
 from .window import relative_position_index
 
 __all__ = ['LOGIT_SCALE_MAX', 'log_spaced_relative_coords', 'pretrained_window_of', 'cpb_mlp',
            'unit_vectors',
            'cpb_table', 'continuous_position_bias', 'CosineWindowAttention', 'ShiftWindowMSAV2']
+
+#: With autograd, the share of padding queries from which :class:`_RealQueryAttention` skips
+#: them (:meth:`CosineWindowAttention._attends_real_queries_with_autograd`).
+REAL_QUERY_MIN_SKIPPED = 1. / 8
 
 #: Upper clamp of the learnt per-head logit scale (the paper's ``log(1 / 0.01)``: at most 100).
 LOGIT_SCALE_MAX = math.log(1. / 0.01)
@@ -115,6 +119,162 @@ class _UnitQK(torch.autograd.Function):
         along = (g * y).sum(-1, keepdim=True)
         grad_x = torch.addcmul(g, y, along, value=-1.).mul_(r)
         return grad_x.to(ctx.in_dtype), grad_scale, None, None, None
+
+
+def _query_groups(spans, window):
+    """The blocks of windows that share their real queries' hull (:func:`~.window.
+    real_query_spans`), as ``(windows, queries)``: the window rows and columns as slices of
+    the window grid, the local rows and columns as slices of a window's tokens."""
+    row_groups, col_groups = spans
+    for r0, r1, lr0, lr1 in row_groups:
+        for c0, c1, lc0, lc1 in col_groups:
+            yield (slice(r0, r1), slice(c0, c1)), (slice(lr0, lr1), slice(lc0, lc1))
+
+
+class RealQueryPlan(NamedTuple):
+    """Where :class:`_RealQueryAttention`'s blocks read and write (:func:`real_query_plan`).
+
+    ``rows[i]``: block i's real queries as rows of q flattened to ``(B, nW * heads * N, d)``,
+    ordered (window, head, query); ``local[i]``: their local rows and columns in a window (two
+    slices); ``sizes[i]``: its counts of windows, query rows and query columns; ``order``: the
+    windows ordered block by block (None where that is their own order), ``inverse`` its
+    inverse."""
+    rows: Tuple[torch.Tensor, ...]
+    local: Tuple[Tuple[slice, slice], ...]
+    sizes: Tuple[Tuple[int, int, int], ...]
+    order: Optional[torch.Tensor]
+    inverse: Optional[torch.Tensor]
+
+
+def real_query_plan(spans, window, heads: int, device) -> RealQueryPlan:
+    """The :class:`RealQueryPlan` of a window grid's real queries (``spans``:
+    :func:`~.window.real_query_spans`) for ``heads`` heads: a few small integer ops per block
+    of windows, which the blocks of a stage share (:func:`~.shifted_window.shared`)."""
+    grid_rows, grid_cols = spans[0][-1][1], spans[1][-1][1]
+    n = window[0] * window[1]
+    cells = torch.arange(grid_rows * grid_cols, device=device).view(grid_rows, grid_cols)
+    tokens = torch.arange(n, device=device).view(window)
+    head = torch.arange(heads, device=device)
+    rows, local, sizes, order = [], [], [], []
+    for windows, queries in _query_groups(spans, window):
+        ids, block = cells[windows].reshape(-1), tokens[queries]
+        at = block.reshape(-1)
+        rows.append(((ids[:, None] * heads + head)[..., None] * n + at).reshape(-1))
+        local.append(queries)
+        sizes.append((ids.numel(), *block.shape))
+        order.append(ids)
+    if len(spans[1]) == 1:  # whole rows of windows, in their own order
+        return RealQueryPlan(tuple(rows), tuple(local), tuple(sizes), None, None)
+    order = torch.cat(order)
+    return RealQueryPlan(tuple(rows), tuple(local), tuple(sizes), order, torch.argsort(order))
+
+
+class _RealQueryAttention(torch.autograd.Function):
+    """``softmax(q k^T + bias + mask) v`` of the queries that hold real tokens only, with
+    autograd, block by block of windows sharing a hull of real queries
+    (:class:`RealQueryPlan`); 0 at the skipped queries (padding, dropped by the merge).
+
+    ``q, k, v: (B, nW * heads, N, d)`` or ``(B * nW, heads, N, d)`` (windows row-major,
+    tokens row-major in a window), q already scaled; ``bias (heads, N, N)`` (the position
+    bias, with a gradient), ``mask (nW, N, N)`` or None (constant), both in q's dtype. The
+    softmax runs in the logits' dtype, as :meth:`Attention._attend` does with autograd.
+
+    Why a function of its own: with autograd, :meth:`CosineWindowAttention.
+    _attend_real_queries`' blocks of strided slices cost their backwards (a zeroed full-size
+    tensor per slice, then a sum), which ate the rows saved. Here each block's real queries
+    are one gather of rows, its keys and values a slice of the windows in block order, its
+    output and gradients one indexed write each, and the bias gradient is summed per block:
+    the padding queries' rows (at the detection recipe's sizes x0.4 about half the queries
+    of Swin V2's stages 3 and 4) are in no product, forward or backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, plan, window, heads, drop_negligible):
+        n, d = q.shape[-2:]
+        b = q.numel() // (sum(w for w, _, _ in plan.sizes) * heads * n * d)
+        flat = q.reshape(b, -1, d)
+        keys, values = _blocks_of_windows((k, v), plan, b, heads, n)
+        # the bias and the mask with a query's local row and column as dims of their own: a
+        # block's queries are a slice of them (no gather)
+        bias4 = bias.view(heads, *window, n)
+        masks = None
+        if mask is not None:
+            masks = (mask if plan.order is None else mask.index_select(0, plan.order)) \
+                .view(-1, 1, *window, n).split([w for w, _, _ in plan.sizes])
+        out = torch.zeros_like(flat)
+        kept = []
+        for i, (windows, lr, lc) in enumerate(plan.sizes):
+            qb = flat.index_select(1, plan.rows[i]).view(b, windows, heads, lr * lc, d)
+            logits = qb @ keys[i].transpose(-2, -1)  # (B, windows, heads, queries, N)
+            tiled = logits.view(b, windows, heads, lr, lc, n)
+            tiled += bias4[(slice(None), *plan.local[i])]
+            if masks is not None:
+                tiled += masks[i][(slice(None), slice(None), *plan.local[i])]
+                if drop_negligible:
+                    drop_negligible_logits_(logits)
+            p = logits.softmax(-1)
+            out.index_copy_(1, plan.rows[i], (p @ values[i]).view(b, -1, d))
+            kept += [qb, p]
+        ctx.save_for_backward(k, v, *kept)
+        ctx.plan, ctx.window, ctx.heads, ctx.bias_dtype = plan, window, heads, bias.dtype
+        return out.view(q.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        k, v, *kept = ctx.saved_tensors
+        plan, heads = ctx.plan, ctx.heads
+        b, n, d = kept[0].shape[0], k.shape[-2], grad_out.shape[-1]
+        keys, values = _blocks_of_windows((k, v), plan, b, heads, n)
+        flat = grad_out.reshape(b, -1, d)
+        dq = torch.zeros_like(flat)
+        dks, dvs = [], []
+        dbias = grad_out.new_zeros((heads, n, n),
+                                   dtype=torch.promote_types(grad_out.dtype, torch.float32)) \
+            if ctx.needs_input_grad[3] else None
+        rows4 = None if dbias is None else dbias.view(heads, *ctx.window, n)
+        for i in range(len(plan.sizes)):
+            qb, p = kept[2 * i], kept[2 * i + 1]
+            go = flat.index_select(1, plan.rows[i]).view(qb.shape)
+            dvs.append(p.transpose(-2, -1) @ go)
+            ds = torch._softmax_backward_data(go @ values[i].transpose(-2, -1), p, -1, p.dtype)
+            dq.index_copy_(1, plan.rows[i], (ds @ keys[i]).view(b, -1, d))
+            dks.append(ds.transpose(-2, -1) @ qb)
+            if dbias is not None:
+                # summed over images and windows as one outer reduction in the gradient's
+                # dtype (4-10x faster in bf16 than asking for an fp32 result), then added in
+                # fp32 at the block's query rows
+                part = ds.flatten(0, 1)
+                part = part[0] if part.shape[0] == 1 else part.sum(0)
+                rows = rows4[(slice(None), *plan.local[i])]
+                rows += part.view(rows.shape)
+        dk, dv = (_windows_in_place(parts, plan).view(t.shape)
+                  for parts, t in ((dks, k), (dvs, v)))
+        if dbias is not None:
+            dbias = dbias.to(ctx.bias_dtype)
+        return dq.view(grad_out.shape), dk, dv, dbias, None, None, None, None, None
+
+
+def _blocks_of_windows(tensors, plan: RealQueryPlan, b: int, heads: int, n: int):
+    """Each of ``tensors`` (k, v: ``(B, nW * heads, N, d)`` or ``(B * nW, heads, N, d)``)
+    split into :class:`_RealQueryAttention`'s blocks, ``(B, windows, heads, N, d)`` each
+    (views, after one gather of the windows into block order where ``plan.order``)."""
+    sizes = [w for w, _, _ in plan.sizes]
+    out = []
+    for t in tensors:
+        d = t.shape[-1]
+        t = t.reshape(b, -1, heads * n * d)
+        if plan.order is not None:  # (3-D: index_select is 10x slower on a 5-D view)
+            t = t.index_select(1, plan.order)
+        out.append(t.view(b, -1, heads, n, d).split(sizes, dim=1))
+    return out
+
+
+def _windows_in_place(parts, plan: RealQueryPlan) -> torch.Tensor:
+    """Blocks ``(B, windows, heads, N, d)`` in block order -> ``(B, nW, heads, N, d)``."""
+    whole = torch.cat(parts, dim=1)
+    if plan.inverse is None:
+        return whole
+    return whole.flatten(2).index_select(1, plan.inverse)
 
 
 def cpb_mlp(num_heads: int, hidden_dims: int = 512) -> nn.Sequential:
@@ -368,14 +528,13 @@ class CosineWindowAttention(Attention):
         # differently; its weight is below e**-80 either way.
         grads = torch.is_grad_enabled() and any(p.requires_grad for p in self.cpb_mlp.parameters())
         low = qkv.dtype == torch.bfloat16 and (self.use_sdpa or grads)
-        bias = self.position_bias(qkv.dtype if low else torch.float32)
-        if mask is not None:  # one bias per window and head: (nW, heads, N, N)
-            bias = mask.to(bias.dtype).unsqueeze(1) + bias
+        position = self.position_bias(qkv.dtype if low else torch.float32)
+        if mask is not None:
+            mask = mask.to(position.dtype)
         # windows and heads share one dim: 4-D inputs keep SDPA on its fused kernel, and the
         # (1, nW * heads, N, N) bias broadcasts over the images without a copy
         stacked = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
             .reshape(3, bw // nw, nw * heads, n, head_dim)  # (a copy: nW and heads merge)
-        bias = bias.reshape(1, nw * heads, n, n)
         normalised = self.normalises_at_projection(qkv)
         if normalised or _runs_in_fp16(qkv):  # (fp16: normalised inside, in fp32)
             q, k, v = stacked.unbind(0)
@@ -393,12 +552,38 @@ class CosineWindowAttention(Attention):
                 q, k = self._scaled_q(q, qkv.dtype, scale), k.to(qkv.dtype)
             v = v.squeeze(0)
             normalised = True
+        if real_queries is not None and eager_autograd(q, k, v, position):
+            if self._attends_real_queries_with_autograd(q, position, real_queries):
+                plan = shared(('real queries', real_queries, self.window, heads, q.device),
+                              lambda: real_query_plan(real_queries, self.window, heads, q.device))
+                out = _RealQueryAttention.apply(
+                    q, k, v, position, mask, plan, self.window, heads,
+                    mask is not None and denormals_are_slow(q.device))
+                return self.merge_heads(out.reshape(bw, heads, n, head_dim))
+            real_queries = None  # (the blocks below cost more than they save with autograd)
+        # one bias per window and head, (1, nW * heads, N, N)
+        bias = position if mask is None else mask.unsqueeze(1) + position
+        bias = bias.reshape(1, nw * heads, n, n)
         if real_queries is None:
             out = self.attend(q, k, v, bias, masked=mask is not None, normalised=normalised)
         else:
             out = self._attend_real_queries(q, k, v, bias, mask is not None, real_queries,
                                             normalised)
         return self.merge_heads(out.reshape(bw, heads, n, head_dim))
+
+    def _attends_real_queries_with_autograd(self, q, position, spans) -> bool:
+        """Whether :class:`_RealQueryAttention` attends the real queries where autograd
+        records the attention: with q and k normalised, in q's dtype (not fp16, which
+        attends in fp32), without attention dropout, and where at least
+        ``REAL_QUERY_MIN_SKIPPED`` of the queries are padding (below that its blocks cost
+        about what the rows saved do). Elsewhere every query is attended."""
+        if q.dtype != position.dtype or _runs_in_fp16(q) or (self.training and self.attn_drop):
+            return False
+        (row_groups, col_groups), (wh, ww) = spans, self.window
+        real = sum((r1 - r0) * (h1 - h0) for r0, r1, h0, h1 in row_groups) * \
+            sum((c1 - c0) * (w1 - w0) for c0, c1, w0, w1 in col_groups)
+        return 1. - real / (row_groups[-1][1] * wh * col_groups[-1][1] * ww) \
+            >= REAL_QUERY_MIN_SKIPPED
 
     def _attend_real_queries(self, q, k, v, bias, masked: bool, spans,
                              normalised: bool = False) -> torch.Tensor:

@@ -45,7 +45,7 @@ def _sharing_scope():
         _SHARED.reset(token)
 
 
-def _shared(key: tuple, build: Callable):
+def shared(key: tuple, build: Callable):
     """``build()``, or what it gave for ``key`` earlier in the current
     :func:`shared_window_indices` scope. Tensors shared this way are never written in place."""
     if is_tracing():  # (and Dynamo cannot read a ContextVar)
@@ -157,8 +157,8 @@ def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int
     n = 1
     for w in window:
         n *= w
-    index = _shared(('index', spatial, window, shift, x.device),
-                    lambda: _window_index(spatial, window, shift, x.device))
+    index = shared(('index', spatial, window, shift, x.device),
+                   lambda: _window_index(spatial, window, shift, x.device))
     flat = x.reshape(b, -1, c)
     if fill is not None:
         fill = fill.to(flat.dtype)
@@ -196,7 +196,7 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     Eager mode projects the real tokens only: q/k/v before the partition (a zero padding
     token projects to the projection's bias, which is what the padding of the projected
     windows holds: ``attn.project_with_zero``), the output after the merge (padding outputs are
-    dropped anyway); in inference on a CPU the attention also skips the padding's queries
+    dropped anyway); on a CPU the attention may also skip the padding's queries
     (``real_queries``: :func:`~.window.real_query_spans`, :func:`skips_padding_queries`).
     Same function as projecting the padded windows, without the padding's rows in the
     products: up to 2x fewer rows on small maps, which are padded to whole windows. With
@@ -205,8 +205,7 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     measured faster (train step, sizes x0.4, 2-core AMD EPYC Zen 5: SwinV2-T fp32
     9-11 %, bf16 -2 to +6 %; Swin-T fp32 1-6 %, bf16 -2 to +3.5 %; the video Swin-T fp32 5 %,
     bf16 no change; Zen 4: SwinV2-T fp32 3-17 %, bf16 11-13 %, Swin-T fp32 15 %, bf16
-    2-3.5 %). Skipping the padding's queries with autograd did not pay (its blocks of windows
-    cost more than the rows saved).
+    2-3.5 %).
     Traced calls (compile, export) project the padded windows: the same graph as before,
     whose dynamic-shape compile of the video Swin took 133 s against 198 s for the other
     order (measured before :func:`~.window.same_size`, which took it to about 30 s).
@@ -236,13 +235,14 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
 
 
 def skips_padding_queries(x: torch.Tensor) -> bool:
-    """Whether the eager window attention on ``x`` attends the real queries only (windows
-    that support it: V2's cosine attention). In inference on a CPU, where it was measured to
-    pay. Not with autograd (its blocks of windows cost more than the rows saved), and not on
-    other devices: the blocks add dispatched ops (a SwinV2-T forward: 2948 instead of 1877 at
-    288x448, 3802 instead of 1880 at 800x1216), and a GPU at detection batch sizes waits on
-    the host issuing kernels, not on the rows (an H200 at batch 1 was busy 3.5 of 87 ms)."""
-    return x.device.type == 'cpu' and not torch.is_grad_enabled()
+    """Whether the eager window attention on ``x`` is offered the real queries' spans
+    (windows that use them: V2's cosine attention, in inference and, where enough queries
+    are padding, with autograd: :class:`~.cosine_window._RealQueryAttention`). On the CPU,
+    where it was measured to pay; not on other devices: the blocks add dispatched ops (a
+    SwinV2-T forward: 2948 instead of 1877 at 288x448, 3802 instead of 1880 at 800x1216),
+    and a GPU at detection batch sizes waits on the host issuing kernels, not on the rows
+    (an H200 at batch 1 was busy 3.5 of 87 ms)."""
+    return x.device.type == 'cpu'
 
 
 def _mask(padded, window, shift, like: torch.Tensor) -> Optional[torch.Tensor]:
@@ -250,8 +250,8 @@ def _mask(padded, window, shift, like: torch.Tensor) -> Optional[torch.Tensor]:
     float dtype) and device."""
     if not any(shift):
         return None
-    return _shared(('mask', padded, window, shift, like.device, like.dtype),
-                   lambda: shift_window_mask(padded, window, shift, like.device, dtype=like.dtype))
+    return shared(('mask', padded, window, shift, like.device, like.dtype),
+                  lambda: shift_window_mask(padded, window, shift, like.device, dtype=like.dtype))
 
 
 class ShiftWindowMSA(nn.Module):

@@ -295,7 +295,7 @@ def real_query_spans(spatial: Size, window: Size, shift: Size):
                 groups[-1][1] = g + 1
             else:
                 groups.append([g, g + 1, *span])
-        axes.append([tuple(group) for group in groups])
+        axes.append(tuple(tuple(group) for group in groups))
     if all(len(a) == 1 and a[0][2:] == (0, w) for a, w in zip(axes, window)):
         return None
     return tuple(axes)
