@@ -192,7 +192,8 @@ class _RealQueryAttention(torch.autograd.Function):
         n, d = q.shape[-2:]
         b = q.numel() // (sum(w for w, _, _ in plan.sizes) * heads * n * d)
         flat = q.reshape(b, -1, d)
-        keys, values = _blocks_of_windows((k, v), plan, b, heads, n)
+        ordered = _windows_in_block_order((k, v), plan, b)
+        keys, values = (_blocks(t, plan, heads, n) for t in ordered)
         # the bias and the mask with a query's local row and column as dims of their own: a
         # block's queries are a slice of them (no gather)
         bias4 = bias.view(heads, *window, n)
@@ -214,17 +215,18 @@ class _RealQueryAttention(torch.autograd.Function):
             p = logits.softmax(-1)
             out.index_copy_(1, plan.rows[i], (p @ values[i]).view(b, -1, d))
             kept += [qb, p]
-        ctx.save_for_backward(k, v, *kept)
+        ctx.save_for_backward(*ordered, *kept)  # (k and v in block order: no second gather)
         ctx.plan, ctx.window, ctx.heads, ctx.bias_dtype = plan, window, heads, bias.dtype
+        ctx.shapes = k.shape, v.shape
         return out.view(q.shape)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         k, v, *kept = ctx.saved_tensors
-        plan, heads = ctx.plan, ctx.heads
-        b, n, d = kept[0].shape[0], k.shape[-2], grad_out.shape[-1]
-        keys, values = _blocks_of_windows((k, v), plan, b, heads, n)
+        plan, heads, (wh, ww) = ctx.plan, ctx.heads, ctx.window
+        b, n, d = kept[0].shape[0], wh * ww, grad_out.shape[-1]
+        keys, values = (_blocks(t, plan, heads, n) for t in (k, v))
         flat = grad_out.reshape(b, -1, d)
         dq = torch.zeros_like(flat)
         dks, dvs = [], []
@@ -247,26 +249,27 @@ class _RealQueryAttention(torch.autograd.Function):
                 part = part[0] if part.shape[0] == 1 else part.sum(0)
                 rows = rows4[(slice(None), *plan.local[i])]
                 rows += part.view(rows.shape)
-        dk, dv = (_windows_in_place(parts, plan).view(t.shape)
-                  for parts, t in ((dks, k), (dvs, v)))
+        dk, dv = (_windows_in_place(parts, plan).view(shape) for parts, shape in
+                  ((dks, ctx.shapes[0]), (dvs, ctx.shapes[1])))
         if dbias is not None:
             dbias = dbias.to(ctx.bias_dtype)
         return dq.view(grad_out.shape), dk, dv, dbias, None, None, None, None, None
 
 
-def _blocks_of_windows(tensors, plan: RealQueryPlan, b: int, heads: int, n: int):
-    """Each of ``tensors`` (k, v: ``(B, nW * heads, N, d)`` or ``(B * nW, heads, N, d)``)
-    split into :class:`_RealQueryAttention`'s blocks, ``(B, windows, heads, N, d)`` each
-    (views, after one gather of the windows into block order where ``plan.order``)."""
-    sizes = [w for w, _, _ in plan.sizes]
-    out = []
-    for t in tensors:
-        d = t.shape[-1]
-        t = t.reshape(b, -1, heads * n * d)
-        if plan.order is not None:  # (3-D: index_select is 10x slower on a 5-D view)
-            t = t.index_select(1, plan.order)
-        out.append(t.view(b, -1, heads, n, d).split(sizes, dim=1))
-    return out
+def _windows_in_block_order(tensors, plan: RealQueryPlan, b: int):
+    """Each of ``tensors`` (k, v: ``(B, nW * heads, N, d)`` or ``(B * nW, heads, N, d)``) as
+    ``(B, nW, heads * N * d)`` with the windows in :class:`_RealQueryAttention`'s block order
+    (one gather where ``plan.order``, else a view)."""
+    windows = sum(w for w, _, _ in plan.sizes)
+    # (gathered as 3-D: index_select took 10x as long on a 5-D view)
+    return [t.reshape(b, windows, -1) if plan.order is None else
+            t.reshape(b, windows, -1).index_select(1, plan.order) for t in tensors]
+
+
+def _blocks(t, plan: RealQueryPlan, heads: int, n: int):
+    """``(B, nW, heads * N * d)`` in block order -> each block's ``(B, windows, heads, N, d)``
+    (views)."""
+    return t.view(*t.shape[:2], heads, n, -1).split([w for w, _, _ in plan.sizes], dim=1)
 
 
 def _windows_in_place(parts, plan: RealQueryPlan) -> torch.Tensor:
