@@ -581,9 +581,10 @@ class CosineWindowAttention(Attention):
     def _attends_real_queries_with_autograd(self, q, position, spans) -> bool:
         """Whether :class:`_RealQueryAttention` attends the real queries where autograd
         records the attention: with q and k normalised, in q's dtype (not fp16, which
-        attends in fp32), without attention dropout, and where at least
-        ``REAL_QUERY_MIN_SKIPPED`` of the queries are padding (below that its blocks cost
-        about what the rows saved do). Elsewhere every query is attended."""
+        attends in fp32), without attention dropout, and where the queries it skips (those
+        outside the real ones' hulls: ``spans``) are at least ``REAL_QUERY_MIN_SKIPPED`` of
+        all (below that its blocks cost about what the rows saved do). Elsewhere every query
+        is attended."""
         if q.dtype != position.dtype or _runs_in_fp16(q) or (self.training and self.attn_drop):
             return False
         (row_groups, col_groups), (wh, ww) = spans, self.window
