@@ -146,6 +146,11 @@ class RealQueryPlan(NamedTuple):
     order: Optional[torch.Tensor]
     inverse: Optional[torch.Tensor]
 
+    @property
+    def windows(self) -> Tuple[int, ...]:
+        """The number of windows of each block (their sum: every window of the grid)."""
+        return tuple(w for w, _, _ in self.sizes)
+
 
 def real_query_plan(spans, window, heads: int, device) -> RealQueryPlan:
     """The :class:`RealQueryPlan` of a window grid's real queries (``spans``:
@@ -194,7 +199,7 @@ class _RealQueryAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, plan, window, heads, drop_negligible):
         n, d = q.shape[-2:]
-        b = q.numel() // (sum(w for w, _, _ in plan.sizes) * heads * n * d)
+        b = q.numel() // (sum(plan.windows) * heads * n * d)
         flat = q.reshape(b, -1, d)
         ordered = _windows_in_block_order((k, v), plan, b)
         keys, values = (_blocks(t, plan, heads, n) for t in ordered)
@@ -204,7 +209,7 @@ class _RealQueryAttention(torch.autograd.Function):
         masks = None
         if mask is not None:
             masks = (mask if plan.order is None else mask.index_select(0, plan.order)) \
-                .view(-1, 1, *window, n).split([w for w, _, _ in plan.sizes])
+                .view(-1, 1, *window, n).split(plan.windows)
         out = torch.zeros_like(flat)
         kept = []
         for i, (windows, lr, lc) in enumerate(plan.sizes):
@@ -264,7 +269,7 @@ def _windows_in_block_order(tensors, plan: RealQueryPlan, b: int):
     """Each of ``tensors`` (k, v: ``(B, nW * heads, N, d)`` or ``(B * nW, heads, N, d)``) as
     ``(B, nW, heads * N * d)`` with the windows in :class:`_RealQueryAttention`'s block order
     (one gather where ``plan.order``, else a view)."""
-    windows = sum(w for w, _, _ in plan.sizes)
+    windows = sum(plan.windows)
     # (gathered as 3-D: index_select took 10x as long on a 5-D view)
     return [t.reshape(b, windows, -1) if plan.order is None else
             t.reshape(b, windows, -1).index_select(1, plan.order) for t in tensors]
@@ -273,7 +278,7 @@ def _windows_in_block_order(tensors, plan: RealQueryPlan, b: int):
 def _blocks(t, plan: RealQueryPlan, heads: int, n: int):
     """``(B, nW, heads * N * d)`` in block order -> each block's ``(B, windows, heads, N, d)``
     (views)."""
-    return t.view(*t.shape[:2], heads, n, -1).split([w for w, _, _ in plan.sizes], dim=1)
+    return t.view(*t.shape[:2], heads, n, -1).split(plan.windows, dim=1)
 
 
 def _windows_in_place(parts, plan: RealQueryPlan) -> torch.Tensor:
