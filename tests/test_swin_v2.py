@@ -556,37 +556,49 @@ def test_q_and_k_normalised_at_the_projection_give_the_same_features(dtype, monk
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_fused_q_k_normalisation_matches_autograd_through_the_plain_ops(dtype):
-    """The autograd path's q/k normalisation is one function with a written-out backward: the
-    same q and k as unit_vectors, scaled per head and cast, and the gradients of autograd's
-    chain through those ops (input and scale), a zero token (a padding key) included, whose
-    gradient is 0; a second derivative is refused, not computed wrong."""
-    from mmvitswin.core.layers.cosine_window import _UnitQK
+@pytest.mark.parametrize('images', [1, 2])
+def test_fused_qkv_split_and_normalisation_matches_autograd_through_the_plain_ops(dtype, images):
+    """The autograd path's head split and q/k normalisation are one function with a written-out
+    backward: the same q, k and v as splitting the windows' channels by hand, unit_vectors,
+    scaled per head and cast, and the gradients of autograd's chain through those ops (the
+    windows and the scale), a zero token (a padding key) included, whose q/k gradient is 0; a
+    second derivative is refused, not computed wrong."""
+    from mmvitswin.core.layers.cosine_window import _UnitQKV
     torch.manual_seed(0)
-    heads = 3
-    qk = torch.randn(2, 2, 4 * heads, 16, 8).to(dtype)
-    qk[:, 1, 5, 3] = 0.  # a zero token, q and k
-    qk.requires_grad_(True)
+    heads, windows, n, d = 3, 4, 16, 8
+    qkv = torch.randn(images * windows, n, 3 * heads * d).to(dtype)
+    qkv[windows - 1, 5, :2 * heads * d] = 0.  # a zero token's q and k
+    qkv.requires_grad_(True)
     log_scale = torch.randn(heads, 1, 1, requires_grad=True)
 
-    def plain(qk, log_scale):
-        q, k = unit_vectors(qk).unbind(0)
+    def plain(qkv, log_scale):
+        stacked = qkv.view(images, windows, n, 3, heads, d).permute(3, 0, 1, 4, 2, 5) \
+            .reshape(3, images, windows * heads, n, d)
+        q, k = unit_vectors(stacked[:2]).unbind(0)
         q = (q.unflatten(-3, (-1, heads)) * log_scale.exp()).flatten(-4, -3)
-        return q.to(dtype), k.to(dtype)
+        return q.to(dtype), k.to(dtype), stacked[2]
 
-    got = _UnitQK.apply(qk, log_scale.exp(), heads, dtype, 1e-12)
-    want = plain(qk, log_scale)
-    assert all(g.dtype == dtype and torch.equal(g, w) for g, w in zip(got, want))
+    got = _UnitQKV.apply(qkv, log_scale.exp(), windows, heads, 1e-12)
+    want = plain(qkv, log_scale)
+    assert all(g.dtype == dtype and g.shape == (images, windows * heads, n, d) and
+               g.is_contiguous() and torch.equal(g, w) for g, w in zip(got, want))
+    # cotangents in the layouts the attention's backward hands over: contiguous, or strided
     cot = [torch.randn_like(t) for t in got]
-    grads = torch.autograd.grad(got, (qk, log_scale), cot)
-    expected = torch.autograd.grad(want, (qk, log_scale), cot)
+    cot[2] = torch.randn(images, windows * heads, d, n).to(dtype).transpose(-2, -1)
+    grads = torch.autograd.grad(got, (qkv, log_scale), cot)
+    expected = torch.autograd.grad(want, (qkv, log_scale), cot)
     for g, e in zip(grads, expected):
-        assert g.dtype == e.dtype and torch.isfinite(g).all()
+        assert g.dtype == e.dtype and g.shape == e.shape and torch.isfinite(g).all()
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5 * e.abs().max().item())
-    assert torch.equal(grads[0][:, 1, 5, 3], torch.zeros_like(grads[0][:, 1, 5, 3]))
-    out = _UnitQK.apply(qk, log_scale.exp(), heads, dtype, 1e-12)
+    assert torch.equal(grads[0][windows - 1, 5, :2 * heads * d],
+                       torch.zeros_like(grads[0][windows - 1, 5, :2 * heads * d]))
+    assert torch.equal(grads[0][..., 2 * heads * d:], cot[2].view(images, windows, heads, n, d)
+                       .permute(0, 1, 3, 2, 4).reshape(images * windows, n, -1))
+    only_scale = _UnitQKV.apply(qkv.detach(), log_scale.exp(), windows, heads, 1e-12)
+    torch.testing.assert_close(torch.autograd.grad(only_scale, log_scale, cot)[0], expected[1])
+    out = _UnitQKV.apply(qkv, log_scale.exp(), windows, heads, 1e-12)
     cot = torch.randn_like(out[0]).requires_grad_(True)
-    first, = torch.autograd.grad(out[0], qk, cot, create_graph=True)
+    first, = torch.autograd.grad(out[0], qkv, cot, create_graph=True)
     with pytest.raises(RuntimeError, match='once_differentiable'):
         first.float().sum().backward()
 

@@ -83,43 +83,64 @@ def unit_vectors(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     return x * (torch.rsqrt(sq.clamp_min(eps * eps)) * (sq > eps * eps))
 
 
-class _UnitQK(torch.autograd.Function):
-    """``(q, k)`` from ``qk: (2, ..., heads_and_more, N, d)``: both as :func:`unit_vectors` (in
-    fp32), q times ``scale`` ``(heads, 1, 1)`` (heads sharing the third-to-last dim with
-    windows, as :meth:`CosineWindowAttention._scaled_q` reads it), both cast to ``dtype``.
+class _UnitQKV(torch.autograd.Function):
+    """``(q, k, v)``, each ``(B, nW * heads, N, d)``, from projected windows ``qkv: (B * nW, N,
+    3C)`` (channels ordered ``(q/k/v, head, d)``): q and k as :func:`unit_vectors` (in fp32), q
+    times ``scale`` ``(heads, 1, 1)``, both cast to qkv's dtype; v as it is.
 
     One autograd node with a written-out backward: ``grad_x = r (g - y <g, y>)`` (``y`` the unit
-    vector, ``r`` one over the norm, 0 at norms ``<= eps`` as :func:`unit_vectors` gives) and
-    the scale's gradient ``sum(g_q * y_q)`` per head, about half the passes over ``2 x tokens
-    x d`` of autograd's chain through the normalisation, the scale and the casts (11 ops
-    instead of 20). Same values; gradients equal up to float rounding."""
+    vector, ``r`` one over the norm, 0 at norms ``<= eps`` as :func:`unit_vectors` gives), the
+    scale's gradient ``sum(g_q * y_q)`` per head, and the three gradients written straight into
+    one ``(B * nW, N, 3C)`` tensor, the layout of the windows they came from. Autograd's chain
+    (the head split's copy, a split, the normalisation, the scale, the casts) instead joins
+    the gradients with a concatenation, then copies them back into the windows' layout: two
+    passes over ``3 x tokens x C`` per block, and the normalisation's own backward about
+    twice the passes over ``2 x tokens x d`` of this one. Same values; gradients equal up to
+    float rounding."""
 
     @staticmethod
-    def forward(ctx, qk, scale, heads, dtype, eps):
-        x = qk.float()
+    def forward(ctx, qkv, scale, windows, heads, eps):
+        bw, n, channels = qkv.shape
+        d = channels // (3 * heads)
+        parts = qkv.view(bw // windows, windows, n, 3, heads, d)
+        # q and k read once from the windows' layout into fp32 (2, B, nW, heads, N, d)
+        x = qkv.new_empty((2, bw // windows, windows, heads, n, d), dtype=torch.float32)
+        x.copy_(parts[:, :, :, :2].permute(3, 0, 1, 4, 2, 5))
         sq = x.square().sum(-1, keepdim=True)
         r = torch.rsqrt(sq.clamp_min(eps * eps)) * (sq > eps * eps)
-        y = x * r
-        q, k = y.unbind(0)
-        q = (q.unflatten(-3, (-1, heads)) * scale).flatten(-4, -3).to(dtype)
+        y = x.mul_(r)
+        grouped = (bw // windows, windows * heads, n, d)
+        q = (y[0] * scale).to(qkv.dtype).view(grouped)
+        k = y[1].to(qkv.dtype).view(grouped)
+        v = parts[:, :, :, 2].transpose(2, 3).clone(memory_format=torch.contiguous_format)
         ctx.save_for_backward(y, r, scale)
-        ctx.heads, ctx.in_dtype = heads, qk.dtype
-        return q, k.to(dtype)
+        ctx.shape = qkv.shape
+        ctx.in_dtype = qkv.dtype
+        return q, k, v.view(grouped)
 
     @staticmethod
     @once_differentiable  # (the saved y and r are not differentiable functions of the input)
-    def backward(ctx, grad_q, grad_k):
+    def backward(ctx, grad_q, grad_k, grad_v):
         y, r, scale = ctx.saved_tensors
-        heads = ctx.heads
-        g_q = grad_q.float().unflatten(-3, (-1, heads))
+        b, windows, heads, n, d = y.shape[1:]
+        g = torch.empty_like(y)  # (2, B, nW, heads, N, d) fp32: the gradients at the unit vectors
+        g[0].copy_(grad_q.unflatten(1, (windows, heads)))
         grad_scale = None
         if ctx.needs_input_grad[1]:
-            per_head = (g_q * y[0].unflatten(-3, (-1, heads))).sum(-1).sum(-1)
-            grad_scale = per_head.reshape(-1, heads).sum(0).view_as(scale)
-        g = torch.stack([(g_q * scale).flatten(-4, -3), grad_k.float()])
-        along = (g * y).sum(-1, keepdim=True)
-        grad_x = torch.addcmul(g, y, along, value=-1.).mul_(r)
-        return grad_x.to(ctx.in_dtype), grad_scale, None, None, None
+            per_head = (g[0] * y[0]).sum(-1).sum(-1)
+            grad_scale = per_head.reshape(-1, scale.shape[0]).sum(0).view_as(scale)
+        grad_qkv = None
+        if ctx.needs_input_grad[0]:
+            g[0].mul_(scale)
+            g[1].copy_(grad_k.unflatten(1, (windows, heads)))
+            along = (g * y).sum(-1, keepdim=True)
+            g.addcmul_(y, along, value=-1.).mul_(r)
+            grad_qkv = y.new_empty((b, windows, n, 3, heads, d), dtype=ctx.in_dtype)
+            into = grad_qkv.permute(3, 0, 1, 4, 2, 5)  # (3, B, nW, heads, N, d), a view
+            into[:2].copy_(g)
+            into[2].copy_(grad_v.unflatten(1, (windows, heads)))
+            grad_qkv = grad_qkv.view(ctx.shape)
+        return grad_qkv, grad_scale, None, None, None
 
 
 def _query_groups(spans, window):
@@ -545,25 +566,26 @@ class CosineWindowAttention(Attention):
             mask = mask.to(position.dtype)
         # windows and heads share one dim: 4-D inputs keep SDPA on its fused kernel, and the
         # (1, nW * heads, N, N) bias broadcasts over the images without a copy
-        stacked = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
-            .reshape(3, bw // nw, nw * heads, n, head_dim)  # (a copy: nW and heads merge)
         normalised = self.normalises_at_projection(qkv)
-        if normalised or _runs_in_fp16(qkv):  # (fp16: normalised inside, in fp32)
-            q, k, v = stacked.unbind(0)
+        scale = None if normalised or _runs_in_fp16(qkv) else self._logit_scale()
+        if scale is not None and eager_autograd(qkv, scale):
+            q, k, v = _UnitQKV.apply(qkv, scale, nw, heads, 1e-12)
+            normalised = True
         else:
-            # q and k normalised here, as one tensor: half the ops of normalising each (their
-            # backward too), each a kernel launch on a GPU; same values
-            # (split, unbind and squeeze, not indexing: their backwards are one concatenation
-            # each, where an index's is a zeroed full-size tensor per part, then a sum)
-            qk, v = stacked.split((2, 1))
-            scale = self._logit_scale()
-            if eager_autograd(qk, scale):
-                q, k = _UnitQK.apply(qk, scale, self.num_heads, qkv.dtype, 1e-12)
+            stacked = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
+                .reshape(3, bw // nw, nw * heads, n, head_dim)  # (a copy: nW and heads merge)
+            if scale is None:  # (fp16: normalised inside, in fp32)
+                q, k, v = stacked.unbind(0)
             else:
+                # q and k normalised as one tensor: half the ops of normalising each, each a
+                # kernel launch on a GPU; same values (split, unbind and squeeze, not
+                # indexing: their backwards are one concatenation each, where an index's is a
+                # zeroed full-size tensor per part, then a sum)
+                qk, v = stacked.split((2, 1))
                 q, k = unit_vectors(qk).unbind(0)
                 q, k = self._scaled_q(q, qkv.dtype, scale), k.to(qkv.dtype)
-            v = v.squeeze(0)
-            normalised = True
+                v = v.squeeze(0)
+                normalised = True
         if real_queries is not None and eager_autograd(q, k, v, position):
             if self._attends_real_queries_with_autograd(q, position, real_queries):
                 plan = shared(('real queries', real_queries, self.window, heads, q.device),
