@@ -102,7 +102,7 @@ class _UnitQKV(torch.autograd.Function):
     def forward(ctx, qkv, scale, windows, heads, eps):
         bw, n, channels = qkv.shape
         d = channels // (3 * heads)
-        parts = qkv.view(bw // windows, windows, n, 3, heads, d)
+        parts = qkv.reshape(bw // windows, windows, n, 3, heads, d)
         # q and k read once from the windows' layout into fp32 (2, B, nW, heads, N, d)
         x = qkv.new_empty((2, bw // windows, windows, heads, n, d), dtype=torch.float32)
         x.copy_(parts[:, :, :, :2].permute(3, 0, 1, 4, 2, 5))
@@ -574,7 +574,7 @@ class CosineWindowAttention(Attention):
         else:
             stacked = qkv.view(bw // nw, nw, n, 3, heads, head_dim).permute(3, 0, 1, 4, 2, 5) \
                 .reshape(3, bw // nw, nw * heads, n, head_dim)  # (a copy: nW and heads merge)
-            if scale is None:  # (fp16: normalised inside, in fp32)
+            if scale is None:  # (normalised at the projection; fp16: inside, in fp32)
                 q, k, v = stacked.unbind(0)
             else:
                 # q and k normalised as one tensor: half the ops of normalising each, each a
