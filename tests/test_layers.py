@@ -132,11 +132,20 @@ def test_window_partition_and_merge_gradients_match_the_plain_gathers(spatial, w
             torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
         assert torch.autograd.gradcheck(ours, args, fast_mode=True)
         assert torch.autograd.gradgradcheck(ours, args, fast_mode=True)
-    # the fill's gradient as a GPU computes it (a masked sum, no boolean index): the same
-    from mmvitswin.core.layers.shifted_window import _padding_sum
+    # on the CPU the padding entries are listed (and only their rows are filled, zeroed and
+    # summed); elsewhere, or traced, masks over every entry: the same values
+    from mmvitswin.core.layers.shifted_window import WindowIndex, _padding_sum, _to_windows
+    _, index, _ = partition_windows(x.detach(), window, shift)
+    assert index.padded == (valid.numel() > int(valid.sum()))
+    assert (index.padding is not None) == index.padded
+    listed = WindowIndex(gather, valid, scatter, True, (~valid).nonzero().flatten())
+    masked = WindowIndex(gather, valid, scatter, True)
     grad = torch.randn(2, gather.numel(), 5, dtype=torch.double)
-    torch.testing.assert_close(_padding_sum(grad, valid, False), _padding_sum(grad, valid, True),
+    torch.testing.assert_close(_padding_sum(grad, listed), _padding_sum(grad, masked),
                                rtol=1e-12, atol=1e-12)
+    flat = x.detach().reshape(2, -1, 5)
+    for value in (None, fill.detach()):
+        assert torch.equal(_to_windows(flat, listed, value), _to_windows(flat, masked, value))
     # the merge's own backward is the partition of the gradient (padding entries 0)
     windows = torch.randn(gather.numel() // n * 2, n, 5, dtype=torch.double, requires_grad=True)
     _, index, _ = partition_windows(x.detach(), window, shift)

@@ -61,11 +61,15 @@ def shared(key: tuple, build: Callable):
 class WindowIndex(NamedTuple):
     """The indices of one window partition (:func:`~.window.window_gather_index`): ``gather``
     and ``valid`` take tokens to windows, ``scatter`` takes them back; ``padded``: whether any
-    window entry is padding (``valid`` not all True)."""
+    window entry is padding (``valid`` not all True); ``padding``: the padding entries'
+    positions (eager CPU calls with padding; None elsewhere), which the fill, the zeroing and
+    the padding's gradient sum then read and write alone, where a mask over every entry is
+    read otherwise."""
     gather: torch.Tensor
     valid: torch.Tensor
     scatter: torch.Tensor
     padded: bool
+    padding: Optional[torch.Tensor] = None
 
 
 def _to_windows(x: torch.Tensor, index: WindowIndex, fill: Optional[torch.Tensor]):
@@ -74,15 +78,15 @@ def _to_windows(x: torch.Tensor, index: WindowIndex, fill: Optional[torch.Tensor
     windows = x.index_select(1, index.gather)
     if not index.padded:
         return windows
+    # in place where it can: index_select's output is new, and nothing keeps it for a backward
+    if index.padding is not None:  # the padding rows alone
+        if fill is None:
+            return windows.index_fill_(1, index.padding, 0.)
+        return windows.index_copy_(1, index.padding, fill.expand(
+            windows.shape[0], index.padding.shape[0], -1))
     if fill is None:
-        # in place: index_select's output is new, and nothing keeps it for a backward
         return windows.masked_fill_(~index.valid[:, None], 0.)
-    if is_tracing() or windows.device.type != 'cpu':
-        # (on a GPU the boolean index below would wait for the device: one host sync per
-        # block, seen on an H200)
-        return torch.where(index.valid[:, None], windows, fill)
-    windows[:, ~index.valid] = fill  # in place, on the padding rows only (as above)
-    return windows
+    return torch.where(index.valid[:, None], windows, fill)
 
 
 class _Partition(torch.autograd.Function):
@@ -106,16 +110,16 @@ class _Partition(torch.autograd.Function):
         grad_x = _Merge.apply(grad, index) if ctx.needs_input_grad[0] else None
         grad_fill = None
         if ctx.needs_input_grad[2] and index.padded:
-            grad_fill = _padding_sum(grad, index.valid, grad.device.type == 'cpu')
+            grad_fill = _padding_sum(grad, index)
         return grad_x, None, grad_fill
 
 
-def _padding_sum(grad: torch.Tensor, valid: torch.Tensor, indexed: bool) -> torch.Tensor:
-    """The sum of ``grad (B, nW * N, C)`` over the padding entries (``~valid``) -> ``(C,)``:
-    ``indexed`` reads those rows only (a boolean index: on a GPU it would wait for the device,
-    as in :func:`_to_windows`), else a masked sum over all rows."""
-    pad = ~valid
-    return (grad[:, pad] if indexed else grad * pad[:, None]).sum((0, 1))
+def _padding_sum(grad: torch.Tensor, index: WindowIndex) -> torch.Tensor:
+    """The sum of ``grad (B, nW * N, C)`` over the padding entries -> ``(C,)``: their rows
+    only where ``index.padding`` lists them, else a masked sum over all rows."""
+    if index.padding is not None:
+        return grad.index_select(1, index.padding).sum((0, 1))
+    return (grad * ~index.valid[:, None]).sum((0, 1))
 
 
 class _Merge(torch.autograd.Function):
@@ -139,7 +143,10 @@ def _window_index(spatial, window, shift, device) -> WindowIndex:
     if is_tracing():
         return WindowIndex(*window_gather_index(spatial, window, shift, device), True)
     padded = any(padded_size(s, w) != s for s, w in zip(spatial, window))
-    return WindowIndex(*window_gather_index_eager(spatial, window, shift, device), padded)
+    gather, valid, scatter = window_gather_index_eager(spatial, window, shift, device)
+    # (found once per stage; on a GPU the nonzero would wait for the device)
+    padding = (~valid).nonzero().flatten() if padded and device.type == 'cpu' else None
+    return WindowIndex(gather, valid, scatter, padded, padding)
 
 
 def partition_windows(x: torch.Tensor, window: Tuple[int, ...], shift: Tuple[int, ...],
