@@ -79,8 +79,14 @@ def unit_vectors(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     x = x.float()
     if not (x.requires_grad and torch.is_grad_enabled()):
         return F.normalize(x, dim=-1, eps=eps)
+    return x * _reciprocal_norms(x, eps)
+
+
+def _reciprocal_norms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``1 / ||x||`` over the last dim (kept), 0 where the norm is ``<= eps``: what
+    :func:`unit_vectors` and :class:`_UnitQKV` multiply by."""
     sq = x.square().sum(-1, keepdim=True)
-    return x * (torch.rsqrt(sq.clamp_min(eps * eps)) * (sq > eps * eps))
+    return torch.rsqrt(sq.clamp_min(eps * eps)) * (sq > eps * eps)
 
 
 class _UnitQKV(torch.autograd.Function):
@@ -106,8 +112,7 @@ class _UnitQKV(torch.autograd.Function):
         # q and k read once from the windows' layout into fp32 (2, B, nW, heads, N, d)
         x = qkv.new_empty((2, bw // windows, windows, heads, n, d), dtype=torch.float32)
         x.copy_(parts[:, :, :, :2].permute(3, 0, 1, 4, 2, 5))
-        sq = x.square().sum(-1, keepdim=True)
-        r = torch.rsqrt(sq.clamp_min(eps * eps)) * (sq > eps * eps)
+        r = _reciprocal_norms(x, eps)
         y = x.mul_(r)
         grouped = (bw // windows, windows * heads, n, d)
         q = (y[0] * scale).to(qkv.dtype).view(grouped)
