@@ -765,3 +765,61 @@ def test_patch_merging_stride_matches_mmdet(stride):
         assert len(names) == 3 and len(own) == 3  # norm weight/bias and reduction weight
         for e, g in zip(ref_grads, ours_grads):
             torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize('norm_after', [False, True])
+def test_patch_merging_under_bf16_autocast_matches_the_unfold_order(norm_after):
+    """Under bf16 autocast (where the reduction weight is cast before it is reordered) the
+    merge gives what mmdet's ``nn.Unfold`` order gives under the same autocast: values and
+    fp32 gradients at shared weights; V2's order (``norm_after``) against the same unfold
+    features through the reduction, then the norm."""
+    from mmdet.models.layers import PatchMerging as MMDetPatchMerging
+
+    from mmvitswin.core.layers import PatchMerging
+    torch.manual_seed(0)
+    ref = MMDetPatchMerging(8, 16)
+    _perturb(ref)
+    ours = PatchMerging(8, 16, norm_after=norm_after)
+    if norm_after:
+        ref.norm = torch.nn.LayerNorm(16)
+        _perturb(ref.norm)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+
+    def reference(x, hw):
+        if not norm_after:
+            return ref(x, hw)[0]
+        unfolded = ref.sampler(x.transpose(1, 2).reshape(2, 8, *hw)).transpose(1, 2)
+        return ref.norm(ref.reduction(unfolded))
+
+    for h, w in [(10, 14), (8, 8)]:
+        x = torch.randn(2, h * w, 8, requires_grad=True)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            expected = reference(x, (h, w))
+            got = ours(x.view(2, h, w, 8)).flatten(1, 2)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+        grad = torch.randn_like(expected)
+        names = [k for k, _ in ref.named_parameters()]
+        own = dict(ours.named_parameters())
+        ref_grads = torch.autograd.grad(expected, [x, *ref.parameters()], grad)
+        ours_grads = torch.autograd.grad(got, [x, *(own[k] for k in names)], grad)
+        for e, g in zip(ref_grads, ours_grads):
+            assert g.dtype == e.dtype == torch.float32
+            torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2 * e.abs().max().item())
+
+
+def test_neighbour_major_is_the_channel_permutation_both_ways():
+    """``_neighbour_major`` takes channel ``i * 4 + j`` to position ``j * C + i`` along the
+    given axis, and its gradient is the inverse permutation (exact values)."""
+    from mmvitswin.core.layers.patch import _neighbour_major
+    c = 5
+    order = torch.arange(4 * c).view(c, 4).t().reshape(-1)
+    w = torch.randn(3, 4 * c, requires_grad=True)
+    out = _neighbour_major(w, 1)
+    assert torch.equal(out, w.index_select(1, order))
+    grad = torch.randn_like(out)
+    assert torch.equal(torch.autograd.grad(out, w, grad)[0],
+                       torch.zeros_like(w).index_copy_(1, order, grad))
+    b = torch.randn(4 * c)
+    assert torch.equal(_neighbour_major(b, 0), b[order])
+    assert _neighbour_major(None, 0) is None

@@ -6,7 +6,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .linear import Linear, linear
-from .switch import eager_autograd, is_tracing
+from ..compat import get_autocast_dtype, is_autocast_enabled
+from .switch import is_tracing
 from .window import pad_amount, to_tuple
 
 
@@ -108,29 +109,14 @@ def _neighbour_pairs(x: torch.Tensor, dim: int, stride: int) -> torch.Tensor:
     return x.unflatten(dim, (x.shape[dim] // stride, stride)).narrow(dim, 0, 2)
 
 
-class _Reordered(torch.autograd.Function):
-    """``t.index_select(dim, order)`` for a permutation ``order`` whose inverse is ``back``:
-    the backward gathers by ``back`` instead of ``index_select``'s generic backward (a zeroed
-    tensor the gradient is added into). Same values."""
-
-    @staticmethod
-    def forward(ctx, t, dim, order, back):
-        ctx.dim, ctx.order, ctx.back = dim, order, back
-        return t.index_select(dim, order)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _Reordered.apply(grad, ctx.dim, ctx.back, ctx.order), None, None, None
-
-
-def _reorder(t: Optional[torch.Tensor], dim: int, order: torch.Tensor, back: torch.Tensor):
-    """``t`` (None stays None) with its ``dim`` permuted by ``order`` (inverse ``back``); the
-    autograd function in eager calls that need a gradient, the plain gather elsewhere."""
+def _neighbour_major(t: Optional[torch.Tensor], dim: int) -> Optional[torch.Tensor]:
+    """``t`` (None stays None) with its axis ``dim`` of ``4 * C`` merged channels reordered from
+    mmdet's ``[c, dy, dx]`` to ``[dy, dx, c]``: position ``j * C + i`` takes channel ``i * 4 +
+    j``. A transposed copy: 2-6x faster than gathering by an index, whose backward is the same
+    copy the other way (no zeroed tensor to add into)."""
     if t is None:
         return None
-    if eager_autograd(t):
-        return _Reordered.apply(t, dim, order, back)
-    return t.index_select(dim, order)
+    return t.unflatten(dim, (t.shape[dim] // 4, 4)).transpose(dim, dim + 1).flatten(dim, dim + 1)
 
 
 class PatchMerging(nn.Module):
@@ -185,19 +171,23 @@ class PatchMerging(nn.Module):
             return self.reduction(self.norm(x))
         # 'unfold': the neighbours are gathered as whole channel runs, [dy, dx, c] (a copy
         # 9-40x faster than gathering [c, dy, dx], whose innermost step is C elements), and the
-        # parameters that read the merged vector take the same order instead: position j of
-        # this layout is channel idx[j] of mmdet's. The norm's statistics do not depend on the
-        # order of the channels, so the result is the same up to float rounding.
+        # parameters that read the merged vector take the same order instead
+        # (:func:`_neighbour_major`). The norm's statistics do not depend on the order of the
+        # channels, so the result is the same up to float rounding.
         x = x.permute(*range(nl), hdim, wdim, dy, dx, cdim).reshape(*lead, oh, ow, 4 * c)
-        numbers = torch.arange(4 * c, device=x.device)
-        idx, back = numbers.view(c, 4).t().reshape(-1), numbers.view(4, c).t().reshape(-1)
-        weight = _reorder(self.reduction.weight, 1, idx, back)
+        weight = self.reduction.weight
+        device = x.device.type
+        if weight.dtype == torch.float32 and is_autocast_enabled(device):
+            # autocast would cast the reordered copy: cast first, and reorder half the bytes
+            # (the values autocast gives; the gradient comes back through the same cast)
+            weight = weight.to(get_autocast_dtype(device))
+        weight = _neighbour_major(weight, 1)
         if self.norm_after:
             return self.norm(linear(x, weight, self.reduction.bias))
         norm = self.norm
         if isinstance(norm, nn.LayerNorm):
-            x = F.layer_norm(x, norm.normalized_shape, _reorder(norm.weight, 0, idx, back),
-                             _reorder(norm.bias, 0, idx, back), norm.eps)
+            x = F.layer_norm(x, norm.normalized_shape, _neighbour_major(norm.weight, 0),
+                             _neighbour_major(norm.bias, 0), norm.eps)
         elif not isinstance(norm, nn.Identity):
             raise TypeError(f'PatchMerging: norm must be nn.LayerNorm or nn.Identity, got '
                             f'{type(norm).__name__}')
