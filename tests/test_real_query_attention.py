@@ -78,6 +78,35 @@ def test_real_query_attention_matches_autograd_through_the_plain_ops(spatial, sh
         first.sum().backward()
 
 
+def test_real_query_attention_takes_an_fp32_bias_under_bf16_and_returns_its_fp32_gradient():
+    """bf16 q, k, v with the position bias in fp32: the function casts the bias for its sums
+    (the outputs those of a bias cast outside, exactly) and returns the bias gradient it sums
+    in fp32 as fp32 (rounded to bf16, it is the gradient a bf16 bias gets, exactly)."""
+    from mmvitswin.core.layers.cosine_window import _RealQueryAttention, real_query_plan
+    from mmvitswin.core.layers.window import shift_window_mask
+    window, heads, d, cpu, spatial, shift = (4, 4), 2, 8, torch.device('cpu'), (6, 7), (2, 2)
+    spans = real_query_spans(spatial, window, shift)
+    nw, n = 4, 16
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, nw * heads, n, d, generator=gen).bfloat16().requires_grad_()
+               for _ in range(3))
+    bias = (4 * torch.rand(heads, n, n, generator=gen)).requires_grad_()
+    mask = shift_window_mask((8, 8), window, shift, cpu, dtype=torch.bfloat16)
+    plan = real_query_plan(spans, window, heads, cpu)
+    upstream = torch.randn(q.shape, generator=gen).bfloat16()
+    outs, grads = [], []
+    for b in (bias, bias.detach().bfloat16().requires_grad_()):
+        out = _RealQueryAttention.apply(q, k, v, b, mask, plan, window, heads, False)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out, (q, k, v, b), upstream))
+    assert torch.equal(outs[0], outs[1])
+    for a, b in zip(grads[0][:3], grads[1][:3]):
+        assert torch.equal(a, b)
+    assert grads[0][3].dtype == torch.float32 and grads[1][3].dtype == torch.bfloat16
+    assert torch.equal(grads[0][3].bfloat16(), grads[1][3])
+    assert grads[0][3].abs().sum() > 0
+
+
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_real_queries_with_autograd_give_the_gradients_of_attending_every_query(
         dtype, monkeypatch):
@@ -121,17 +150,17 @@ def test_real_queries_with_autograd_only_where_they_pay():
     from mmvitswin.core.layers.cosine_window import REAL_QUERY_MIN_SKIPPED
     attn = CosineWindowAttention(32, 2, (8, 8))
     q = torch.zeros(1, 2, 64, 16)
-    position = torch.zeros(2, 64, 64)
     many = real_query_spans((12, 12), (8, 8), (0, 0))  # 1 - 144/256 padding
     few = real_query_spans((15, 16), (8, 8), (0, 0))  # 1/16 padding
     assert 1 / 16 < REAL_QUERY_MIN_SKIPPED <= 1 - 144 / 256
-    assert attn._attends_real_queries_with_autograd(q, position, many)
-    assert not attn._attends_real_queries_with_autograd(q, position, few)
-    assert not attn._attends_real_queries_with_autograd(q.half(), position.half(), many)
-    assert not attn._attends_real_queries_with_autograd(q.bfloat16(), position, many)
+    fp32 = torch.float32  # the logits' dtype the attention asks for
+    assert attn._attends_real_queries_with_autograd(q, fp32, many)
+    assert not attn._attends_real_queries_with_autograd(q, fp32, few)
+    assert not attn._attends_real_queries_with_autograd(q.half(), torch.float16, many)
+    assert not attn._attends_real_queries_with_autograd(q.bfloat16(), fp32, many)
     if CPU_AUTOCAST_FP16:  # (fp16 autocast on the CPU needs a newer torch)
         with torch.autocast('cpu', dtype=torch.float16):
-            assert not attn._attends_real_queries_with_autograd(q, position, many)
+            assert not attn._attends_real_queries_with_autograd(q, fp32, many)
     dropping = CosineWindowAttention(32, 2, (8, 8), attn_drop=0.1).train()
-    assert not dropping._attends_real_queries_with_autograd(q, position, many)
-    assert dropping.eval()._attends_real_queries_with_autograd(q, position, many)
+    assert not dropping._attends_real_queries_with_autograd(q, fp32, many)
+    assert dropping.eval()._attends_real_queries_with_autograd(q, fp32, many)

@@ -208,8 +208,10 @@ class _RealQueryAttention(torch.autograd.Function):
 
     ``q, k, v: (B, nW * heads, N, d)`` or ``(B * nW, heads, N, d)`` (windows row-major,
     tokens row-major in a window), q already scaled; ``bias (heads, N, N)`` (the position
-    bias, with a gradient), ``mask (nW, N, N)`` or None (constant), both in q's dtype. The
-    softmax runs in the logits' dtype, as :meth:`Attention._attend` does with autograd.
+    bias, with a gradient; fp32 or q's dtype: cast to q's for the sums, its gradient summed in
+    fp32 and returned in its own dtype), ``mask (nW, N, N)`` or None (constant, in q's
+    dtype). The softmax runs in the logits' dtype, as :meth:`Attention._attend` does with
+    autograd.
 
     Why a function of its own: with autograd, :meth:`CosineWindowAttention.
     _attend_real_queries`' blocks of strided slices cost their backwards (a zeroed full-size
@@ -231,7 +233,7 @@ class _RealQueryAttention(torch.autograd.Function):
         keys, values = (_blocks(t, plan, heads, n) for t in ordered)
         # the bias and the mask with a query's local row and column as dims of their own: a
         # block's queries are a slice of them (no gather)
-        bias4 = bias.view(heads, *window, n)
+        bias4 = bias.to(q.dtype).view(heads, *window, n)
         masks = None
         if mask is not None:
             masks = (mask if plan.order is None else mask.index_select(0, plan.order)) \
@@ -566,9 +568,15 @@ class CosineWindowAttention(Attention):
         # differently; its weight is below e**-80 either way.
         grads = torch.is_grad_enabled() and any(p.requires_grad for p in self.cpb_mlp.parameters())
         low = qkv.dtype == torch.bfloat16 and (self.use_sdpa or grads)
-        position = self.position_bias(qkv.dtype if low else torch.float32)
+        dtype = qkv.dtype if low else torch.float32
+        # where :class:`_RealQueryAttention` may take it, the bias stays fp32: the function
+        # casts it for its sums and returns its gradient in fp32, where a cast outside would
+        # round that gradient to bf16 and cast it back (two passes over heads x N x N per block)
+        may_take = real_queries is not None and eager_autograd(qkv, self.logit_scale,
+                                                               *self.cpb_mlp.parameters())
+        position = self.position_bias(torch.float32 if may_take else dtype)
         if mask is not None:
-            mask = mask.to(position.dtype)
+            mask = mask.to(dtype)
         # windows and heads share one dim: 4-D inputs keep SDPA on its fused kernel, and the
         # (1, nW * heads, N, N) bias broadcasts over the images without a copy
         normalised = self.normalises_at_projection(qkv)
@@ -591,8 +599,8 @@ class CosineWindowAttention(Attention):
                 q, k = self._scaled_q(q, qkv.dtype, scale), k.to(qkv.dtype)
                 v = v.squeeze(0)
                 normalised = True
-        if real_queries is not None and eager_autograd(q, k, v, position):
-            if self._attends_real_queries_with_autograd(q, position, real_queries):
+        if may_take and eager_autograd(q, k, v, position):
+            if self._attends_real_queries_with_autograd(q, dtype, real_queries):
                 plan = shared(('real queries', real_queries, self.window, heads, q.device),
                               lambda: real_query_plan(real_queries, self.window, heads, q.device))
                 out = _RealQueryAttention.apply(
@@ -600,6 +608,7 @@ class CosineWindowAttention(Attention):
                     mask is not None and denormals_are_slow(q.device))
                 return self.merge_heads(out.reshape(bw, heads, n, head_dim))
             real_queries = None  # (the blocks below cost more than they save with autograd)
+        position = position.to(dtype)
         # one bias per window and head, (1, nW * heads, N, N)
         bias = position if mask is None else mask.unsqueeze(1) + position
         bias = bias.reshape(1, nw * heads, n, n)
@@ -610,14 +619,14 @@ class CosineWindowAttention(Attention):
                                             normalised)
         return self.merge_heads(out.reshape(bw, heads, n, head_dim))
 
-    def _attends_real_queries_with_autograd(self, q, position, spans) -> bool:
+    def _attends_real_queries_with_autograd(self, q, dtype: torch.dtype, spans) -> bool:
         """Whether :class:`_RealQueryAttention` attends the real queries where autograd
-        records the attention: with q and k normalised, in q's dtype (not fp16, which
-        attends in fp32), without attention dropout, and where the queries it skips (those
-        outside the real ones' hulls: ``spans``) are at least ``REAL_QUERY_MIN_SKIPPED`` of
-        all (below that its blocks cost about what the rows saved do). Elsewhere every query
-        is attended."""
-        if q.dtype != position.dtype or _runs_in_fp16(q) or (self.training and self.attn_drop):
+        records the attention: with q and k normalised, the logits in q's dtype (``dtype``,
+        not fp16, which attends in fp32), without attention dropout, and where the queries it
+        skips (those outside the real ones' hulls: ``spans``) are at least
+        ``REAL_QUERY_MIN_SKIPPED`` of all (below that its blocks cost about what the rows saved
+        do). Elsewhere every query is attended."""
+        if q.dtype != dtype or _runs_in_fp16(q) or (self.training and self.attn_drop):
             return False
         (row_groups, col_groups), (wh, ww) = spans, self.window
         real = sum((r1 - r0) * (h1 - h0) for r0, r1, h0, h1 in row_groups) * \
