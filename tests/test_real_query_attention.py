@@ -119,10 +119,10 @@ def test_real_queries_with_autograd_give_the_gradients_of_attending_every_query(
     model = perturb_like_trained(
         SwinTransformerV2(**NARROW, window_size=8, drop_path_rate=0.), 0).train()
     x = torch.randn(2, 3, 72, 100)  # every stage padded, rows and columns
-    calls = []
+    calls, bias_dtypes = [], set()
     apply = cosine_window._RealQueryAttention.apply
     monkeypatch.setattr(cosine_window._RealQueryAttention, 'apply',
-                        lambda *a: calls.append(a[5]) or apply(*a))
+                        lambda *a: calls.append(a[5]) or bias_dtypes.add(a[3].dtype) or apply(*a))
     results = []
     for spans in (shifted_window.real_query_spans, lambda *a: None):
         monkeypatch.setattr(shifted_window, 'real_query_spans', spans)
@@ -136,6 +136,7 @@ def test_real_queries_with_autograd_give_the_gradients_of_attending_every_query(
     # window and the real queries' hull is the whole window (nothing to skip)
     assert len(calls) == 7
     assert any(plan.order is not None for plan in calls)
+    assert bias_dtypes == {torch.float32}  # the bias enters in fp32 (its gradient stays fp32)
     (outs, grads), (ref_outs, ref_grads) = results
     for a, b in zip(outs, ref_outs):
         assert max_rel_err(a, b) < (1e-5 if dtype == torch.float32 else 1e-2)
