@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compat import get_autocast_dtype, is_autocast_enabled
+from ..compat import as_autocast_would
 from .linear import Linear, linear
 from .switch import is_tracing
 from .window import pad_amount, to_tuple
@@ -175,13 +175,9 @@ class PatchMerging(nn.Module):
         # (:func:`_neighbour_major`). The norm's statistics do not depend on the order of the
         # channels, so the result is the same up to float rounding.
         x = x.permute(*range(nl), hdim, wdim, dy, dx, cdim).reshape(*lead, oh, ow, 4 * c)
-        weight = self.reduction.weight
-        device = x.device.type
-        if weight.dtype == torch.float32 and is_autocast_enabled(device):
-            # autocast would cast the reordered copy: cast first, and reorder half the bytes
-            # (the values autocast gives; the gradient comes back through the same cast)
-            weight = weight.to(get_autocast_dtype(device))
-        weight = _neighbour_major(weight, 1)
+        # autocast would cast the reordered copy: cast first, and reorder half the bytes (the
+        # values autocast gives; the gradient comes back through the same cast)
+        weight = _neighbour_major(as_autocast_would(self.reduction.weight), 1)
         if self.norm_after:
             return self.norm(linear(x, weight, self.reduction.bias))
         norm = self.norm

@@ -9,7 +9,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..compat import get_autocast_dtype, is_autocast_enabled
+from ..compat import as_autocast_would
 from .attention import WindowAttention
 from .switch import eager_autograd, is_tracing
 from .window import (effective_window, padded_size, real_query_spans, shift_window_mask,
@@ -224,12 +224,10 @@ def shifted_window_attention(x: torch.Tensor, attn: WindowAttention, window: Tup
     """
     if clamp_to_input:
         window, shift = effective_window(tuple(x.shape[1:-1]), window, shift)
-    device = x.device.type
     if is_tracing():
-        if x.dtype == torch.float32 and is_autocast_enabled(device):
-            # the projection casts its input to autocast's dtype anyway: cast before the
-            # window gather, which then moves half the bytes (same values either way)
-            x = x.to(get_autocast_dtype(device))
+        # the projection casts its input to autocast's dtype anyway: cast before the window
+        # gather, which then moves half the bytes (same values either way)
+        x = as_autocast_would(x)
         windows, index, padded = partition_windows(x, window, shift)
         mask = _mask(padded, window, shift, x)
         return merge_windows(attn(windows, mask), index, x.shape)
