@@ -8,9 +8,10 @@
 #   tools/gpu_check.sh
 #       THERE, through the device tool with carry=["build/gpu_check"]; results under $OUT
 #   tools/gpu_check.sh profile
-#       THERE, nothing to carry, about 60-90 s: tools/gpu_profile.py (torch + transformers
+#       THERE, nothing to carry, about 90-120 s: tools/gpu_profile.py (torch + transformers
 #       only): the window backbones' batch-1 layout check, SwinV2-T / Swin-T new- and seen-size
-#       times of the forward and the train step against HF, host syncs and profiler tables
+#       times of the forward and the train step against HF at batch 1 (x0.4 sizes), SwinV2-T's
+#       also at batch 2 and the recipe's sizes, host syncs and profiler tables
 # The full check installs the carried wheels into build/gpu_check/site, compiles mmcv 2.1.0
 # with its CUDA ops for the local GPU only (323 s on the H200's 16 cores, limit 420 s; a carried
 # build/gpu_check replaces the folder there, so even a warm machine compiles again), then runs
@@ -24,7 +25,7 @@ DIR=build/gpu_check
 PY=${PYTHON:-python3}
 
 if [ "${1:-}" = profile ]; then
-  exec env PYTHONUNBUFFERED=1 OUT="${OUT:-$PWD/build/gpu_profile_out}" timeout 200 $PY \
+  exec env PYTHONUNBUFFERED=1 OUT="${OUT:-$PWD/build/gpu_profile_out}" timeout 260 $PY \
     tools/gpu_profile.py
 fi
 

@@ -5,7 +5,9 @@
 2. SwinV2-T (ours, and HF's ``Swinv2Backbone`` on the same weights) and Swin-T, batch 1, fp32
    and bf16 autocast: mean ms at new sizes (recipe x0.4, seed 101), then at the same sizes again,
    interleaved; the forward, then the train step (the benchmark's: loss, backward, fused
-   AdamW; bf16 with autocast);
+   AdamW; bf16 with autocast). Then the same for SwinV2-T at what a detection run feeds a GPU
+   (batch 2 at the recipe's sizes, 800-1333 px), where the kernels, not the host issuing them,
+   set the time;
 3. the host synchronisations of one forward (``torch.cuda.set_sync_debug_mode``), by line;
 4. ``torch.profiler`` tables (self CPU, self CUDA) of one call at a new and at a seen size,
    with the kernel launches and aten calls counted.
@@ -71,17 +73,22 @@ def check_layout(log):
             log(f'layout {name} FAILED: {type(exc).__name__}: {str(exc)[:200]}')
 
 
-def time_sizes(bench, models, log, kind='forward'):
-    sizes = bench.draw_sizes(3 if DRY else 9, 0.15 if DRY else 0.4, 101)
+def time_sizes(bench, models, log, kind='forward', batch=1, scale=0.4, count=9):
+    """Mean ms per call of each model at ``count`` new sizes (the recipe's scaled by
+    ``scale``), then at the same sizes again; ``log`` lines and ``times_<kind>[_b<batch>].json``
+    (the dry run: a third of the count at a fraction of the scale)."""
+    sizes = bench.draw_sizes(max(2, count // 3) if DRY else count,
+                             scale * 0.375 if DRY else scale, 101)
+    tag = f'{kind} batch {batch}' if batch != 1 else kind
     times = {}
     for dtype in ('fp32', 'bf16'):
         for m in models.values():
             m.train(kind == 'train')
         calls = {name: bench.make_call(kind, m, dtype, DEV, fused=kind == 'train')
                  for name, m in models.items()}
-        inputs = [torch.randn(1, 3, *s, device=DEV) for s in sizes]
+        inputs = [torch.randn(batch, 3, *s, device=DEV) for s in sizes]
         for call in calls.values():  # warm-up at a size that is not timed
-            call(torch.randn(1, 3, 160, 160, device=DEV))
+            call(torch.randn(batch, 3, 160, 160, device=DEV))
         sync()
         for seen in ('new', 'seen'):
             for x in inputs:
@@ -94,14 +101,15 @@ def time_sizes(bench, models, log, kind='forward'):
                         (time.perf_counter() - t) * 1e3)
         for name in calls:
             new, again = times[f'{dtype} new {name}'], times[f'{dtype} seen {name}']
-            log(f'{kind} {dtype} {name}: new sizes {sum(new) / len(new):.1f} ms '
+            log(f'{tag} {dtype} {name}: new sizes {sum(new) / len(new):.1f} ms '
                 f'(min {min(new):.1f}, max {max(new):.1f}); seen {sum(again) / len(again):.1f} '
                 f'ms (min {min(again):.1f})')
     for m in models.values():
         m.eval()
     log('sizes', sizes)
-    with open(os.path.join(OUT, f'times_{kind}.json'), 'w') as f:
-        json.dump(dict(sizes=sizes, times=times), f)
+    name = f'times_{kind}' + (f'_b{batch}' if batch != 1 else '')
+    with open(os.path.join(OUT, f'{name}.json'), 'w') as f:
+        json.dump(dict(sizes=sizes, batch=batch, times=times), f)
 
 
 def count_syncs(bench, models, log):
@@ -132,7 +140,7 @@ def profiles(bench, models, log):
             for name, model in models.items():
                 call = bench.make_call('forward', model, dtype, DEV)
                 for seen in ('new', 'seen'):
-                    if time.time() - START > (100 if DRY else 150):
+                    if time.time() - START > (100 if DRY else 190):
                         log('profiles: out of time')
                         return
                     k += 1
@@ -184,6 +192,9 @@ def main():
                       ours_swin=SwinTransformer().eval().to(DEV))
         time_sizes(bench, models, log)
         time_sizes(bench, models, log, 'train')
+        v2 = {name: models[name] for name in ('ours_v2', 'hf_v2')}
+        time_sizes(bench, v2, log, batch=2, scale=1.0, count=4)
+        time_sizes(bench, v2, log, 'train', batch=2, scale=1.0, count=4)
         if DEV.type == 'cuda':
             count_syncs(bench, models, log)
         profiles(bench, models, log)
