@@ -96,7 +96,7 @@ SLOW_TESTS = {
     'tests/test_foundation_configs.py':
         'two bf16 training steps of each DINOv2/DINOv3/SAM Mask R-CNN and UPerNet config',
     'tests/test_swin_v2.py::test_config_trains_two_steps':
-        'two training steps of the Swin V2-T Mask R-CNN and UPerNet configs, fp32 and bf16',
+        'two training steps of Swin V2 Mask R-CNN and UPerNet configs (T, S, B), fp32 and bf16',
     'tests/test_dinov2.py::test_released_size_dinov2_s': 'a released-size DINOv2-S beside HF\'s',
     'tests/test_amp_runner.py::test_train_amp_on_cpu_runs_bf16_through_the_runner':
         'tools/train.py in a subprocess',

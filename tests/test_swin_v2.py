@@ -11,15 +11,19 @@ cyclic shift, as we do, and it shrinks a window (dropping the shift) only where 
 at ``config.image_size`` is not larger than the window. The oracles are built with a large
 ``image_size`` so that this never happens: then HF runs full, shifted windows on zero-padded
 maps at any input size, exactly our (detection) semantics. HF's ``Swinv2Backbone`` returns the
-stage outputs before any norm, ours after ``norm{i}``: the comparison applies our ``norm{i}`` to
-HF's maps. HF adds the -100 shift mask twice (-200 in all), Microsoft and we once: with the
-oracles' logit scales (5-20) a masked logit is at least 44 below every unmasked one either way
-(a weight below 1e-19), so both give the same fp32 result.
+stage outputs before any norm, ours after ``norm{i}``: parity compares the raw stage maps (what
+our forward hands to ``norm{i}``, taken by a hook) with HF's, since a LayerNorm would hide a
+per-token scale or shift of a stage's output; our outputs are then checked to be ``norm{i}`` of
+HF's maps, which covers the output norms. HF adds the -100 shift mask twice (-200 in all),
+Microsoft and we once: with the oracles' logit scales (5-20) a masked logit is at least 44 below
+every unmasked one either way (a weight below 1e-19), so both give the same fp32 result.
 """
 import copy
+import json
 import math
 import os
 import pickle
+import re
 
 import pytest
 import torch
@@ -64,26 +68,54 @@ def hf_narrow():
     return perturbed(Swinv2Backbone(hf_config()))
 
 
-def hf_features(hf, model, x):
-    """HF's stage maps with our ``norm{i}`` applied (HF's backbone has no output norms)."""
+def hf_maps(hf, x) -> list:
+    """HF's raw stage maps (NCHW; its backbone has no output norms)."""
     with torch.no_grad():
-        maps = hf(x).feature_maps
-        return [getattr(model, f'norm{i}')(m.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-                for i, m in enumerate(maps)]
+        return list(hf(x).feature_maps)
+
+
+def our_stage_maps(model, x):
+    """``(raw, outs)``: the stage maps our forward hands to ``norm{i}`` (NCHW, taken by a
+    forward pre-hook on each output norm) and the forward's own outputs, from one no-grad
+    call."""
+    raw = {}
+
+    def keep(i):
+        return lambda module, args: raw.__setitem__(i, args[0].permute(0, 3, 1, 2).clone())
+
+    handles = [getattr(model, f'norm{i}').register_forward_pre_hook(keep(i))
+               for i in model.out_indices]
+    try:
+        with torch.no_grad():
+            outs = list(model(x))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert sorted(raw) == list(model.out_indices), 'an output norm was not called'
+    return [raw[i] for i in model.out_indices], outs
+
+
+def with_our_norm(model, i, nchw):
+    """Our ``norm{i}`` applied to an NCHW map (over its channels)."""
+    with torch.no_grad():
+        return getattr(model, f'norm{i}')(nchw.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 def assert_matches_hf(model, hf, sizes=SIZES, tol=1e-5):
+    """At each size: our raw stage maps against HF's (the parity), and our outputs against our
+    ``norm{i}`` of HF's maps (the output norms)."""
     model.eval()
     for size in sizes:
         x = torch.randn(2, 3, *size)
-        with torch.no_grad():
-            got = model(x)
-        want = hf_features(hf, model, x)
-        assert len(got) == len(want) == 4
-        for i, (a, b) in enumerate(zip(got, want)):
-            assert a.shape == b.shape, (size, i)
-            err = max_rel_err(a, b)
-            assert err < tol, f'{size} stage {i}: relative error {err:.2e}'
+        raw, got = our_stage_maps(model, x)
+        want = hf_maps(hf, x)
+        assert len(raw) == len(got) == len(want) == 4
+        for i, (r, a, b) in enumerate(zip(raw, got, want)):
+            assert r.shape == a.shape == b.shape, (size, i)
+            err = max_rel_err(r, b)
+            assert err < tol, f'{size} stage {i}: relative error {err:.2e} before norm{i}'
+            err = max_rel_err(a, with_our_norm(model, i, b))
+            assert err < tol, f'{size} stage {i}: relative error {err:.2e} after norm{i}'
 
 
 # --------------------------------------------------------------- test-side layout writers
@@ -250,16 +282,49 @@ def test_window_transfer_matches_hf_with_the_same_config_change(hf_narrow, tmp_p
         assert max_rel_err(hf8(x).feature_maps[0], hf_narrow(x).feature_maps[0]) > 1e-2
 
 
-@pytest.mark.slow
-def test_swinv2_tiny_sized_model_reproduces_hf(tmp_path):
-    """A SwinV2-T-sized HF model (random weights, window 8) through the HF layout."""
+TINY = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))  # SwinV2-T
+# non-square, none a multiple of 32
+TINY_SIZES = [(96, 160), (77, 45), (130, 98)]
+# the layouts SwinV2-T is released in: HF's hub files (Swinv2ForImageClassification),
+# Microsoft's and timm's
+TINY_LAYOUTS = ['hf-classifier', 'microsoft', 'timm']
+
+
+@pytest.fixture(scope='module')
+def hf_tiny():
+    """A SwinV2-T HF backbone at window 8 (the window8_256 releases), random weights."""
     torch.manual_seed(0)
-    hf = perturbed(Swinv2Backbone(hf_config(96, (2, 2, 6, 2), (3, 6, 12, 24), window=8)))
-    path = tmp_path / 'swinv2_t.pth'
-    torch.save(hf.state_dict(), path)
+    return perturbed(Swinv2Backbone(hf_config(**TINY, window=8)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('layout', TINY_LAYOUTS)
+def test_swinv2_tiny_sized_model_reproduces_hf(hf_tiny, layout, tmp_path):
+    """SwinV2-T (arch='tiny') from each released layout of HF's weights, at three odd sizes."""
+    path = tmp_path / f'swinv2_t_{layout}.pth'
+    torch.save(LAYOUTS[layout](hf_tiny), path)
     model = SwinTransformerV2(arch='tiny', window_size=8, drop_path_rate=0.)
     load(model, path)
-    assert_matches_hf(model, hf, sizes=[(96, 160), (77, 45)])
+    assert_matches_hf(model, hf_tiny, sizes=TINY_SIZES)
+
+
+@pytest.mark.slow
+def test_swinv2_tiny_window_8_weights_run_at_window_16_match_hf(hf_tiny, tmp_path):
+    """A window-8 SwinV2-T file (Microsoft's layout, its coordinate tables normalised to 8) run
+    at window 16 with pretrained_window_sizes=8, against HF's SwinV2-T with the same weights
+    and the same config change; the window-16 maps are not the window-8 ones."""
+    hf16 = Swinv2Backbone(hf_config(**TINY, window=16, pretrained=(8, 8, 8, 8))).eval()
+    missing, unexpected = hf16.load_state_dict(hf_tiny.state_dict(), strict=False)
+    assert not missing and not unexpected
+    path = tmp_path / 'swinv2_t_window8_microsoft.pth'
+    torch.save(hf_to_microsoft_layout(hf_tiny), path)
+    model = SwinTransformerV2(arch='tiny', window_size=16, pretrained_window_sizes=8,
+                              drop_path_rate=0.)
+    load(model, path)
+    assert_matches_hf(model, hf16, sizes=TINY_SIZES)
+    x = torch.randn(1, 3, *TINY_SIZES[2])
+    for i, (at16, at8) in enumerate(zip(hf_maps(hf16, x), hf_maps(hf_tiny, x))):
+        assert max_rel_err(at16, at8) > 1e-2, f'stage {i}: window 16 gives window 8\'s map'
 
 
 # ------------------------------------------------------------------------------ errors
@@ -304,6 +369,95 @@ def test_swin_v1_file_and_key_bias_are_refused(hf_narrow, tmp_path):
     torch.save(sd, path)
     with pytest.raises(CheckpointError, match='key bias'):
         load_pretrained(SwinTransformerV2(**NARROW, window_size=4), str(path))
+
+
+@pytest.mark.parametrize('without, match', [
+    (dict(qkv_bias=False), 'qkv_bias=True'), (dict(patch_norm=False), 'patch_norm=True')])
+def test_features_the_model_lacks_are_refused(hf_narrow, tmp_path, without, match):
+    """A file with q/v biases or a patch-embedding norm, into a model built without them: an
+    error naming the setting, not a warning about unused keys and features without them."""
+    path = tmp_path / 'microsoft.pth'
+    torch.save(hf_to_microsoft_layout(hf_narrow), path)
+    with pytest.raises(CheckpointError, match=match):
+        load_pretrained(SwinTransformerV2(**NARROW, window_size=4, **without), str(path))
+
+
+def test_v2_files_are_refused_by_v1_and_timm_cr_files_by_v2(hf_narrow, tmp_path):
+    """Swin V1 would rename a V2 file's blocks to its own and load them as what they are not;
+    timm's swinv2_cr_* (a meta-MLP position bias and a temperature ``tau`` instead of the
+    release's logit scale) is another architecture."""
+    from mmvitswin.core.backbones.swin import SwinTransformer
+    path = tmp_path / 'microsoft.pth'
+    torch.save(hf_to_microsoft_layout(hf_narrow), path)
+    with pytest.raises(CheckpointError, match='SwinTransformerV2'):
+        load_pretrained(SwinTransformer(**NARROW, window_size=4), str(path))
+    cr = {'patch_embed.proj.weight': torch.zeros(16, 3, 4, 4),
+          'stages.0.blocks.0.attn.qkv.weight': torch.zeros(48, 16),
+          'stages.0.blocks.0.attn.meta_mlp.fc1.weight': torch.zeros(384, 2),
+          'stages.0.blocks.0.attn.tau': torch.ones(1), 'stages.0.blocks.0.norm1.weight':
+          torch.ones(16)}
+    torch.save(cr, tmp_path / 'cr.pth')
+    with pytest.raises(CheckpointError, match='swinv2_cr'):
+        load_pretrained(SwinTransformerV2(**NARROW, window_size=4), str(tmp_path / 'cr.pth'))
+
+
+@pytest.mark.parametrize('name, windows', [
+    ('swinv2_tiny_window8_256', (8, 8, 8, 8)),
+    ('swinv2_small_window16_256', (16, 16, 16, 8)),  # its 8x8 last stage ran at window 8
+    ('swinv2_base_window12_192', (12, 12, 12, 6)),
+    ('swinv2_base_window12to16_192to256', (12, 12, 12, 6)),
+    ('swinv2_large_window12to24_192to384', (12, 12, 12, 6)),
+])
+def test_timm_snapshot_config_states_the_trained_windows(hf_narrow, tmp_path, name, windows):
+    """timm's hub snapshot: model.safetensors beside a config.json whose ``architecture`` is
+    the registered model (a 'to' model was trained at the first window and size). The model
+    must normalise its bias coordinates to those windows; ``model_args`` override the name."""
+    from safetensors.torch import save_file
+    from mmvitswin.core.checkpoint.swin_v2 import swinv2_config_arch
+    snapshot = tmp_path / 'snapshot'
+    snapshot.mkdir()
+    save_file({k: v.contiguous() for k, v in hf_to_timm_layout(hf_narrow).items()},
+              str(snapshot / 'model.safetensors'))
+    config = {'architecture': name, 'num_classes': 1000,
+              'pretrained_cfg': {'tag': 'ms_in1k', 'input_size': [3, 256, 256]}}
+    (snapshot / 'config.json').write_text(json.dumps(config))
+    assert swinv2_config_arch(config) == dict(pretrained_window_sizes=windows)
+    window = 24 if name.endswith('384') else 16
+    with pytest.raises(CheckpointError, match=re.escape(f'pretrained_window_sizes={windows}')):
+        load_pretrained(SwinTransformerV2(**NARROW, window_size=window), str(snapshot))
+    model = SwinTransformerV2(**NARROW, window_size=window, pretrained_window_sizes=windows)
+    load(model, str(snapshot / 'model.safetensors'))  # the config.json beside it is read
+    assert_matches_hf(model, _hf_with(hf_narrow, window, windows), sizes=SIZES[:1])
+    # model_args (what timm.create_model was given) win over the name's values
+    config['model_args'] = {'window_size': 16, 'img_size': 512, 'pretrained_window_sizes': 0}
+    assert swinv2_config_arch(config) == dict(pretrained_window_sizes=(16, 16, 16, 16))
+    for other in ('swin_tiny_patch4_window7_224', 'swinv2_cr_tiny_ns_224'):
+        assert swinv2_config_arch({'architecture': other}) == {}
+
+
+def _hf_with(hf, window, pretrained):
+    """HF's backbone with ``hf``'s weights at another window and pretrained windows."""
+    other = Swinv2Backbone(hf_config(window=window, pretrained=pretrained)).eval()
+    missing, unexpected = other.load_state_dict(hf.state_dict(), strict=False)
+    assert not missing and not unexpected
+    return other
+
+
+@pytest.mark.slow
+def test_convert_tool_keeps_a_v2_files_windows(hf_narrow, tmp_path, capsys):
+    """tools/convert_checkpoint.py without --backbone: a Swin V2 HF snapshot is renamed to
+    SwinTransformerV2's keys (not V1's), with the windows its config.json states written as
+    coordinate tables, so that loading the output still refuses a model at other windows."""
+    from test_swin_checkpoint import _tool_main
+    snapshot = save_hf_snapshot(hf_narrow, tmp_path / 'snapshot')
+    out = tmp_path / 'converted.pth'
+    assert _tool_main()([snapshot, str(out)]) == 0, capsys.readouterr().err
+    assert 'Swin V2, detected format: hf' in capsys.readouterr().out
+    with pytest.raises(CheckpointError, match=r'pretrained_window_sizes\[0\]=4'):
+        load_pretrained(SwinTransformerV2(**NARROW, window_size=8), str(out))
+    model = SwinTransformerV2(**NARROW, window_size=4)
+    load(model, out)
+    assert_matches_hf(model, hf_narrow, sizes=SIZES[:2])
 
 
 def test_derived_buffers_are_rebuilt_not_loaded(hf_narrow, tmp_path):
@@ -678,6 +832,7 @@ def test_pyramid_contract_presets_and_freezing():
 @pytest.mark.parametrize('kwargs, match', [
     (dict(window_size=(4, 4)), 'window_size'),
     (dict(pretrained_window_sizes=-1), 'pretrained_window_sizes'),
+    (dict(pretrained_window_sizes=(4, 4, 4, 1)), 'pretrained_window_sizes'),
     (dict(num_heads=(1, 2, 4)), 'num_heads'),
     (dict(arch='huge'), 'arch'),
 ])
@@ -771,13 +926,15 @@ def test_config_optimizer_gives_mmengines_settings_fused():
 
 
 @pytest.mark.parametrize('precision', ['fp32', 'bf16'])
-@pytest.mark.parametrize('name', ['mask_rcnn_swinv2_t_coco.py', 'upernet_swinv2_t_ade20k.py'])
+@pytest.mark.parametrize('name', ['mask_rcnn_swinv2_t_coco.py', 'upernet_swinv2_t_ade20k.py',
+                                  'mask_rcnn_swinv2_b_coco.py', 'upernet_swinv2_s_ade20k.py'])
 def test_config_trains_two_steps(name, precision):
     """A Swin V2 config's model (one block per stage, the widths kept) takes two optimisation
     steps through the config's own optimizer (the grouped constructor, fused AdamW where torch
     has it) and, for bf16, the CPU AMP wrapper ``tools/train.py --amp`` selects, on odd-size
     images: finite losses, and the V2-only parameters (logit scales, the bias MLP, q bias)
-    move. (S/B share these settings: test_config_recipe_values.)"""
+    move. T in both heads; B (its 128-wide pyramid into the detector's neck) and S (T's widths,
+    its own drop path) in one each."""
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
     import mmengine
@@ -785,6 +942,8 @@ def test_config_trains_two_steps(name, precision):
     cfg = mmengine.Config.fromfile(os.path.join(ROOT, 'configs', name))
     cfg.model.backbone.update(depths=[1, 1, 1, 1], init_cfg=None)
     model, wrapper, seg_classes = build_to_train(cfg, precision)
+    dims = {'tiny': 96, 'small': 96, 'base': 128}[V2_CONFIGS[name][0]]
+    assert model.backbone.num_features == [dims * 2**i for i in range(4)]
     train_two_steps(model, wrapper, model.backbone,
                     ['stages.0.blocks.0.attn.w_msa.logit_scale',
                      'stages.3.blocks.0.attn.w_msa.q_bias',
@@ -809,10 +968,9 @@ def test_release_window_settings_load_the_release_layout(tmp_path):
     # at 256 px (where HF's windows are the pretraining ones) the features agree except in the
     # last stage, which HF runs unshifted on its 8x8 map and we at window 16 (padded)
     x = torch.randn(1, 3, 256, 256)
-    with torch.no_grad():
-        got = model.eval()(x)
-    want = hf_features(hf, model, x)
-    assert max_rel_err(got[0], want[0]) < 1e-5 and max_rel_err(got[1], want[1]) < 1e-5
+    raw, _ = our_stage_maps(model.eval(), x)
+    want = hf_maps(hf, x)
+    assert max_rel_err(raw[0], want[0]) < 1e-5 and max_rel_err(raw[1], want[1]) < 1e-5
 
 
 @pytest.mark.slow

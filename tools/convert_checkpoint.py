@@ -3,7 +3,8 @@
 
 Examples::
 
-    # Microsoft / timm Swin release -> mmdet/mmseg/mmvitswin Swin keys (no model needed)
+    # Microsoft / timm / HF Swin release -> mmdet/mmseg/mmvitswin Swin keys (no model needed);
+    # a Swin V2 file (told apart by its keys) -> SwinTransformerV2's keys
     python tools/convert_checkpoint.py swin_tiny_patch4_window7_224.pth swin_t_mmdet.pth
 
     # ... fitted to a specific backbone (window 12, 384 pretrain): tables are resized
@@ -33,7 +34,8 @@ def parse_args(argv=None):
     p.add_argument('dst', help='output file')
     p.add_argument('--backbone', default=None,
                    help='JSON dict of the target backbone config (type + kwargs); without it '
-                   'the input is treated as a 2-D Swin and only renamed')
+                   'the input is taken as a 2-D Swin (V1, or V2 where its keys say so) and only '
+                   'renamed')
     p.add_argument('--prefix', default='', help="key prefix for the output, e.g. 'backbone.'")
     p.add_argument('--force', action='store_true', help='overwrite an existing dst')
     return p.parse_args(argv)
@@ -53,9 +55,24 @@ def convert(src: str, backbone_cfg=None):
     from mmvitswin.core.checkpoint import (fit_checkpoint, load_state_dict_reported,
                                            read_checkpoint, unwrap_state_dict)
     from mmvitswin.core.checkpoint.swin import convert_swin_state_dict
+    from mmvitswin.core.checkpoint.swin_v2 import convert_swinv2_state_dict, swinv2_config_arch
+    from mmvitswin.core.layers import log_spaced_relative_coords
     ckpt = read_checkpoint(src)
     sd = unwrap_state_dict(ckpt.obj)
     if backbone_cfg is None:
+        if any(k.endswith('logit_scale') for k in sd):
+            # The windows its position-bias MLPs were trained at go with it, so that loading
+            # the output into SwinTransformerV2 still checks them: Microsoft's and mmpretrain's
+            # coordinate tables keep our names; what a config.json beside the weights (HF, timm
+            # hub snapshots) states is written as such tables.
+            out, fmt = convert_swinv2_state_dict(sd)
+            windows = swinv2_config_arch(ckpt.config or {}).get('pretrained_window_sizes')
+            if windows and not any(k.endswith('relative_coords_table') for k in out):
+                for stage, window in enumerate(windows):
+                    window = (window, window) if isinstance(window, int) else window
+                    out[f'stages.{stage}.blocks.0.attn.w_msa.relative_coords_table'] = \
+                        log_spaced_relative_coords(window, window)
+            return out, f'Swin V2, detected format: {fmt}'
         out, fmt = convert_swin_state_dict(sd)
         return out, f'Swin, detected format: {fmt}'
     from mmvitswin.openmmlab.registry import MODELS

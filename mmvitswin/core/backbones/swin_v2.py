@@ -41,7 +41,8 @@ from .swin import (ARCH_ALIASES, SWIN_ARCH_KEYS, SwinBlock, SwinStage, SwinTrans
 
 # The released Swin V2 models and their windows: T/S/B at 256 px with windows 8 and 16
 # (ImageNet-1K), B/L at 192 px with window 12 (ImageNet-22K) and their 256/384-px fine-tunes at
-# windows 16/24 (pretrained window 12). The preset's window is the smallest released one.
+# windows 16/24 (pretrained windows 12, 12, 12, 6: at 192 px the last stage's map is 6 x 6).
+# The preset's window is the smallest released one.
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=8),
     'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), window_size=8),
@@ -167,6 +168,9 @@ class SwinTransformerV2(TransformerBackbone):
         windows = per_stage_sizes('window_size', window_size, len(depths), low=1)
         pretrained_windows = per_stage_sizes('pretrained_window_sizes', pretrained_window_sizes,
                                              len(depths), low=0)
+        if any(p == 1 for p, _ in pretrained_windows):  # (upstream divides by p - 1 = 0)
+            raise ValueError(f'pretrained_window_sizes must be 0 (the stage\'s own window) or a '
+                             f'window of at least 2 per stage, got {pretrained_window_sizes}')
         stage_cfg = check_swin_args(mlp_ratio, None, drop_rate, attn_drop_rate, drop_path_rate,
                                     act_cfg, norm_cfg, init_cfg, qkv_bias, with_cp,
                                     patch_norm=patch_norm)

@@ -122,8 +122,13 @@ def hf_to_microsoft(sd: StateDict) -> StateDict:
 
 
 def detect_swin_format(sd: StateDict) -> str:
-    """Return 'mmdet', 'microsoft', 'timm' or 'hf'; ValueError for anything else."""
+    """Return 'mmdet', 'microsoft', 'timm' or 'hf'; ValueError for anything else (a Swin V2
+    file included: its blocks would rename to V1's and load as nothing they were trained as)."""
     keys = set(sd)
+    if any(k.endswith(('logit_scale', 'continuous_position_bias_mlp.0.weight',
+                       'cpb_mlp.0.weight')) for k in keys):
+        raise ValueError('a Swin V2 checkpoint (attention logit_scale, continuous position bias '
+                         'MLP): load it into SwinTransformerV2')
     if _HF_EMBED in keys or f'swin.{_HF_EMBED}' in keys or any(
             k.startswith(('encoder.layers.', 'swin.encoder.layers.')) for k in keys):
         return 'hf'
@@ -268,9 +273,11 @@ def _resize_abs_pos_embed(key: str, value: torch.Tensor, own: torch.Tensor, mode
 # Keys of a file that a model built without the feature has no place for: refused, since
 # dropping them would give wrong features (the stage norms of stages not returned are not
 # here: those stages' outputs are simply not computed).
+PATCH_NORM_UNREPRESENTABLE = (r'^patch_embed\.norm\.', 'a LayerNorm after the patch embedding',
+                              'patch_norm=True')
 SWIN_UNREPRESENTABLE = (
     (r'^absolute_pos_embed$', 'an absolute position embedding', 'use_abs_pos_embed=True'),
-    (r'^patch_embed\.norm\.', 'a LayerNorm after the patch embedding', 'patch_norm=True'),
+    PATCH_NORM_UNREPRESENTABLE,
     (r'\.attn\.w_msa\.qkv\.bias$', 'q/k/v biases', 'qkv_bias=True'),
 )
 

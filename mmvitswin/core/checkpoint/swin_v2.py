@@ -20,7 +20,10 @@ coordinate tables Microsoft's and mmpretrain's files carry are *read*, though: t
 window each stage's position-bias MLP was trained at, and a model that normalises its
 coordinates to another window (``pretrained_window_sizes`` not set for a window transfer) is
 refused, naming the stage and the setting that fits. A HuggingFace ``config.json`` is checked
-the same way. Final norms, heads, poolers and mask tokens are left under their own names (the
+the same way, and so is a timm hub snapshot's (the model name it gives, e.g.
+``swinv2_base_window12to16_192to256``, states the windows). Weights with neither (timm's and
+HF's files alone) do not say which window they were trained at: ``pretrained_window_sizes`` is
+then the user's to set. Final norms, heads, poolers and mask tokens are left under their own names (the
 loader reports them unused).
 """
 import re
@@ -31,7 +34,8 @@ import torch
 
 from ..layers import pretrained_window_of
 from .loading import CheckpointFamily, StateDict, fit_checkpoint
-from .swin import hf_to_microsoft, swin_arch_of, unfold_order_from_microsoft
+from .swin import (PATCH_NORM_UNREPRESENTABLE, hf_to_microsoft, swin_arch_of,
+                   unfold_order_from_microsoft)
 
 _MICROSOFT_BLOCK = (('attn.', 'attn.w_msa.'), ('mlp.fc1.', 'ffn.layers.0.0.'),
                     ('mlp.fc2.', 'ffn.layers.1.'))
@@ -48,15 +52,22 @@ def detect_swinv2_format(sd: StateDict) -> str:
     a Swin V1 file included."""
     keys = set(sd)
     if not any(k.endswith('logit_scale') for k in keys):
-        hint = (' (it has relative_position_bias_table: a Swin V1 checkpoint, load it into '
-                'SwinTransformer)' if any('relative_position_bias_table' in k for k in keys)
-                else '')
+        if any('relative_position_bias_table' in k for k in keys):
+            hint = (' (it has relative_position_bias_table: a Swin V1 checkpoint, load it into '
+                    'SwinTransformer)')
+        elif any('.attn.meta_mlp.' in k or k.endswith('.attn.tau') for k in keys):
+            hint = (" (it has attn.meta_mlp and attn.tau: timm's swinv2_cr_* models, another "
+                    'Swin V2 implementation with its own position-bias network and temperature, '
+                    'which this model does not implement)')
+        else:
+            hint = ''
         raise ValueError(f'not a Swin V2 checkpoint: no attention logit_scale{hint}; got e.g. '
                          f'{sorted(keys)[:4]}')
     if any(k.startswith(('embeddings.', 'encoder.layers.', 'swinv2.')) for k in keys):
         return 'hf'
     stage = 'stages' if any(k.startswith('stages.') for k in keys) else 'layers'
-    if stage == 'layers' and not any(k.startswith('layers.') and '.blocks.' in k for k in keys):
+    if (stage == 'layers' and not any(k.startswith('layers.') and '.blocks.' in k for k in keys)
+            or stage == 'stages' and not any('.attn.w_msa.' in k for k in keys)):
         raise ValueError(f'unrecognised Swin V2 checkpoint format; expected mmvitswin, '
                          f'mmpretrain, Microsoft, timm or HuggingFace keys, got e.g. '
                          f'{sorted(keys)[:4]}')
@@ -189,30 +200,77 @@ def check_position_bias_windows(sd: StateDict, fmt: str, model) -> StateDict:
     return sd
 
 
-def swinv2_config_arch(config: dict) -> Dict[str, object]:
-    """The probe's fields from a HuggingFace ``Swinv2Config`` ``config.json`` ({} for another
-    model type). The position-bias window of a stage is its ``pretrained_window_sizes`` entry,
-    else its window as HF builds it: shrunk to the stage's map at ``image_size``."""
-    if config.get('model_type') != 'swinv2':
-        return {}
-    depths, window = tuple(config['depths']), int(config['window_size'])
-    image, patch = config.get('image_size', 224), config.get('patch_size', 4)
-    image = image if isinstance(image, (list, tuple)) else (image, image)
-    patch = patch if isinstance(patch, (list, tuple)) else (patch, patch)
-    pretrained = config.get('pretrained_window_sizes') or (0, ) * len(depths)
+def _pair(value) -> Tuple[int, int]:
+    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else \
+        (int(value), int(value))
+
+
+def _bias_windows(window, image, patch, pretrained, stages: int) -> tuple:
+    """The window each stage normalises its bias coordinates to, as the classifiers build
+    it (Microsoft's, HF's, timm's): the stage's ``pretrained`` entry where > 0, else its window
+    shrunk to the stage's map at ``image`` px."""
+    window, image, patch = _pair(window), _pair(image), _pair(patch)
+    pretrained = tuple(pretrained) if pretrained else (0, ) * stages
     windows = []
     for i, p in enumerate(pretrained):
         grid = [s // q // 2**i for s, q in zip(image, patch)]
-        windows.append(_square(tuple(p if p > 0 else min(g, window) for g in grid)))
+        windows.append(_square(tuple(p if p > 0 else min(g, w)
+                                     for g, w in zip(grid, window))))
+    return tuple(windows)
+
+
+# timm's registered Swin V2 names: window<W>[to<W'>]_<I>[to<I'>] (the file was trained at
+# window W on I px; a 'to' model runs at W' and I', its position-bias MLP still normalised to
+# what it had at W and I px)
+_TIMM_V2_NAME = re.compile(r'swinv2_(?:tiny|small|base|large)_window(\d+)(?:to(\d+))?_'
+                           r'(\d+)(?:to(\d+))?')
+
+
+def _timm_config_windows(config: dict) -> Optional[tuple]:
+    """The bias windows a timm hub ``config.json`` states (its ``architecture``, with any
+    ``model_args`` over the registered values), None where it names no Swin V2 of timm's."""
+    m = _TIMM_V2_NAME.fullmatch(str(config.get('architecture', '')).split('.')[0])
+    if m is None:
+        return None
+    trained_window, window, trained_image, image = m.groups()
+    pretrained = 0
+    if window is not None:  # 'to': normalised to the trained window at the trained size
+        pretrained = _bias_windows(trained_window, trained_image, 4, None, 4)
+        pretrained = tuple(w if isinstance(w, int) else w[0] for w in pretrained)
+    args = config.get('model_args') or {}
+    window = args.get('window_size', window or trained_window)
+    image = args.get('img_size', image or trained_image)
+    pretrained = args.get('pretrained_window_sizes', pretrained)
+    depths = args.get('depths', (2, 2, 2, 2))  # (only their number matters here)
+    if isinstance(pretrained, int):
+        pretrained = (pretrained, ) * len(depths)
+    return _bias_windows(window, image, args.get('patch_size', 4), pretrained, len(depths))
+
+
+def swinv2_config_arch(config: dict) -> Dict[str, object]:
+    """The probe's fields from a ``config.json``: a HuggingFace ``Swinv2Config``'s, or the
+    bias windows of a timm hub snapshot's (its ``architecture`` name and ``model_args``); {}
+    for another model. The position-bias window of a stage is its ``pretrained_window_sizes``
+    entry, else its window as the classifier builds it: shrunk to the stage's map at its image
+    size."""
+    if config.get('model_type') != 'swinv2':
+        windows = _timm_config_windows(config)
+        return {} if windows is None else dict(pretrained_window_sizes=windows)
+    depths = tuple(config['depths'])
+    windows = _bias_windows(config['window_size'], config.get('image_size', 224),
+                            config.get('patch_size', 4), config.get('pretrained_window_sizes'),
+                            len(depths))
     return dict(embed_dims=int(config['embed_dim']), depths=depths,
-                num_heads=tuple(config['num_heads']), pretrained_window_sizes=tuple(windows))
+                num_heads=tuple(config['num_heads']), pretrained_window_sizes=windows)
 
 
 SWINV2_CHECKPOINTS = CheckpointFamily(
     'SwinV2', convert_swinv2_state_dict, swinv2_arch_of, swinv2_model_arch,
     transform=check_position_bias_windows, config_probe=swinv2_config_arch,
     unrepresentable=((r'^absolute_pos_embed$', 'an absolute position embedding',
-                      'a Swin V2 without one: no release has it'), ))
+                      'a Swin V2 without one: no release has it'),
+                     PATCH_NORM_UNREPRESENTABLE,
+                     (r'\.attn\.w_msa\.[qv]_bias$', 'q/v biases', 'qkv_bias=True')))
 
 
 def adapt_swinv2_state_dict(sd: StateDict, model, config: Optional[dict] = None) -> StateDict:
