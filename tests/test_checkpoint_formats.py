@@ -284,6 +284,19 @@ def test_patch_norm_into_a_model_without_it_is_refused(tmp_path):
         load_pretrained(_ours(patch_norm=False), path)
 
 
+def test_a_file_without_patch_norm_into_a_model_with_it_is_refused(tmp_path):
+    """The other way round: the model's unit LayerNorm after the patch embedding would run on
+    weights trained without one (a warning about missing keys, then other features)."""
+    sd = {k: v for k, v in _state_dict(_hf_swin('SwinBackbone')).items()
+          if '.embeddings.norm.' not in k}
+    path = os.path.join(str(tmp_path), 'no_patch_norm.safetensors')
+    safetensors_torch.save_file(sd, path)
+    with pytest.raises(CheckpointError, match='patch_norm=False, but this model has '
+                       'patch_norm=True'):
+        load_pretrained(_ours(), path)
+    assert _ours(path, patch_norm=False).load_warnings  # loads (its output norms: reported)
+
+
 def test_config_json_is_checked_against_the_model(tmp_path):
     """The architecture config.json states is compared: a LayerNorm eps the keys cannot show."""
     hf = _hf_swin('SwinBackbone', layer_norm_eps=1e-6)

@@ -382,6 +382,19 @@ def test_features_the_model_lacks_are_refused(hf_narrow, tmp_path, without, matc
         load_pretrained(SwinTransformerV2(**NARROW, window_size=4, **without), str(path))
 
 
+def test_a_file_without_patch_norm_needs_a_model_without_it(hf_narrow, tmp_path):
+    """Initialised, the model's patch-embedding norm would give other features than the
+    file's weights were trained with: refused, naming the setting; built without it, loads."""
+    sd = {k: v for k, v in hf_to_microsoft_layout(hf_narrow).items()
+          if not k.startswith('patch_embed.norm.')}
+    path = tmp_path / 'no_patch_norm.pth'
+    torch.save(sd, path)
+    with pytest.raises(CheckpointError, match='patch_norm=False, but this model has '
+                       'patch_norm=True'):
+        load_pretrained(SwinTransformerV2(**NARROW, window_size=4), str(path))
+    load(SwinTransformerV2(**NARROW, window_size=4, patch_norm=False), path)
+
+
 def test_v2_files_are_refused_by_v1_and_timm_cr_files_by_v2(hf_narrow, tmp_path):
     """Swin V1 would rename a V2 file's blocks to its own and load them as what they are not;
     timm's swinv2_cr_* (a meta-MLP position bias and a temperature ``tau`` instead of the

@@ -210,6 +210,16 @@ def swin_arch_of(sd: StateDict, stage_key: str = 'stages',
                 depths=tuple(depths.get(s, 0) for s in range(max(depths) + 1)) if depths else None)
 
 
+def swin2d_arch_of(sd: StateDict) -> Dict[str, object]:
+    """:func:`swin_arch_of` of a converted 2-D Swin (V1 or V2) file, plus whether it has the
+    patch embedding's norm: a file without one, in a model with one, would run a unit
+    LayerNorm its weights were not trained with (the other way round the key is refused as
+    unrepresentable). None for a file without a patch embedding."""
+    norm = any(k.startswith('patch_embed.norm.') for k in sd)
+    return dict(swin_arch_of(sd), patch_norm=norm if norm or any(
+        k.startswith('patch_embed.projection.') for k in sd) else None)
+
+
 def swin_model_arch(model) -> Dict[str, object]:
     """The probe's fields of a Swin model (2-D or video)."""
     return dict(embed_dims=model.arch_settings['embed_dims'], depths=tuple(model.depths))
@@ -221,6 +231,7 @@ def swin2d_model_arch(model) -> Dict[str, object]:
     block = next((b for stage in model.stages for b in stage.blocks), None)
     fc1 = None if block is None else block.ffn.layers[0][0].weight
     return dict(swin_model_arch(model), num_heads=tuple(model.num_heads),
+                patch_norm=model.patch_embed.norm is not None,
                 patch_size=model.patch_size, in_channels=model.in_channels,
                 use_abs_pos_embed=model.use_abs_pos_embed,
                 mlp_ratio=None if fc1 is None else fc1.shape[0] / fc1.shape[1],
@@ -282,7 +293,7 @@ SWIN_UNREPRESENTABLE = (
 )
 
 SWIN_CHECKPOINTS = CheckpointFamily(
-    'Swin', convert_swin_state_dict, swin_arch_of, swin2d_model_arch,
+    'Swin', convert_swin_state_dict, swin2d_arch_of, swin2d_model_arch,
     resize=((r'relative_position_bias_table$', resize_bias_table),
             (r'^absolute_pos_embed$', _resize_abs_pos_embed)),
     config_probe=swin_config_arch, unrepresentable=SWIN_UNREPRESENTABLE)

@@ -34,7 +34,7 @@ import torch
 
 from ..layers import pretrained_window_of
 from .loading import CheckpointFamily, StateDict, fit_checkpoint
-from .swin import (PATCH_NORM_UNREPRESENTABLE, hf_to_microsoft, swin_arch_of,
+from .swin import (PATCH_NORM_UNREPRESENTABLE, hf_to_microsoft, swin2d_arch_of,
                    unfold_order_from_microsoft)
 
 _MICROSOFT_BLOCK = (('attn.', 'attn.w_msa.'), ('mlp.fc1.', 'ffn.layers.0.0.'),
@@ -152,7 +152,7 @@ def swinv2_arch_of(sd: StateDict) -> Dict[str, object]:
     """embed_dims, blocks per stage and heads per stage of a converted state dict (None where
     unknown); the position-bias window is read from the coordinate tables by
     :func:`check_position_bias_windows` instead (the engine drops them before the probe)."""
-    arch = swin_arch_of(sd)
+    arch = swin2d_arch_of(sd)
     scales = _stage_blocks(sd, 'logit_scale')
     depths = arch['depths']
     heads = None
@@ -175,7 +175,7 @@ def model_position_bias_windows(model) -> tuple:
 
 def swinv2_model_arch(model) -> Dict[str, object]:
     return dict(embed_dims=model.arch_settings['embed_dims'], depths=tuple(model.depths),
-                num_heads=tuple(model.num_heads),
+                num_heads=tuple(model.num_heads), patch_norm=model.patch_embed.norm is not None,
                 pretrained_window_sizes=model_position_bias_windows(model))
 
 
