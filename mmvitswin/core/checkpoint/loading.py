@@ -117,8 +117,8 @@ class CheckpointFamily(NamedTuple):
 
 def _check_fields(family: CheckpointFamily, have: Dict[str, object],
                   want: Dict[str, object], what: str) -> None:
-    for field, value in have.items():
-        if value is not None and value != want[field]:
+    for field, value in have.items():  # (None on either side: not known there)
+        if value is not None and want[field] is not None and value != want[field]:
             raise ValueError(f'{what} is a {family.name} with {field}={value}, but this '
                              f'model has {field}={want[field]}')
 

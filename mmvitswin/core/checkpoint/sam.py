@@ -33,7 +33,8 @@ from collections import OrderedDict
 from typing import Dict, Optional, Tuple
 
 from .loading import CheckpointFamily, StateDict
-from .vit import _fit_pos_embed, _prefix_tokens, _resize_rel_pos, fit_vit_embeddings
+from .vit import (_fit_pos_embed, _prefix_tokens, _resize_rel_pos, fit_vit_embeddings,
+                  vit_arch_of, vit_model_arch)
 
 __all__ = ['detect_sam_format', 'is_sam_checkpoint', 'convert_sam_state_dict',
            'sam_arch_of', 'sam_model_arch', 'sam_config_arch', 'SAM_CHECKPOINTS']
@@ -152,7 +153,10 @@ def sam_arch_of(sd: StateDict) -> Dict[str, object]:
     blocks = {int(m.group(1)) for k in sd for m in [re.match(r'blocks\.(\d+)\.', k)] if m}
     kernel = sd.get('patch_embed.proj.weight')
     embed_dims = None if kernel is None else kernel.shape[0]
-    arch = dict(embed_dims=embed_dims, num_layers=max(blocks) + 1 if blocks else None,
+    # the ViT trunk's fields first (LayerScale, registers, FFN, biases, the parts around the
+    # blocks: the file is our ViT layout by now), then what only SAM's keys tell
+    arch = dict(vit_arch_of(sd), embed_dims=embed_dims,
+                num_layers=max(blocks) + 1 if blocks else None,
                 num_heads=None, use_rel_pos=None, window_size=None, global_attn_indexes=None)
     if not blocks:
         return arch
@@ -187,7 +191,7 @@ def sam_arch_of(sd: StateDict) -> Dict[str, object]:
 def sam_model_arch(model) -> Dict[str, object]:
     """The probe's fields of a ViT trunk (or a builder on one)."""
     window = model.window_size
-    return dict(embed_dims=model.embed_dims, num_layers=model.num_layers,
+    return dict(vit_model_arch(model), embed_dims=model.embed_dims, num_layers=model.num_layers,
                 num_heads=model.num_heads, use_rel_pos=bool(model.use_rel_pos),
                 window_size=window,
                 global_attn_indexes=tuple(sorted(model.global_attn_indexes)) if window else

@@ -69,8 +69,8 @@ def inflate_swin2d_state_dict(sd: StateDict, temporal_patch: int, window: Sequen
 
     ``temporal_patch``: the model's ``patch_size[0]``; ``window``: its ``(Wt, Wh, Ww)``;
     ``num_stages``: its number of stages (the ImageNet ``norm`` maps to ``norm{n-1}``).
-    Keys without a 3-D counterpart (classification head, absolute position embedding) are
-    kept so the loader reports them as unused.
+    Keys without a 3-D counterpart are kept: the classification head for the loader to report
+    unused, an absolute position embedding for the family to refuse (the video Swin has none).
     """
     converted, _ = convert_swin_state_dict(sd)  # our 2-D layout (mmdet names, Unfold order)
     wt, wh, ww = window
@@ -124,12 +124,30 @@ def _source_window_3d(rows: int, window: Sequence[int], key: str) -> Tuple[int, 
 
 
 def swin3d_arch_of(sd: StateDict) -> dict:
-    """embed_dims and blocks per stage of a video Swin state dict."""
-    return swin_arch_of(sd, stage_key='layers', embed_key='patch_embed.proj.weight')
+    """embed_dims and blocks per stage of a video Swin state dict (inflated, if it was an
+    image one), and whether it has the patch embedding's norm (a file without one cannot serve
+    a model with one, and the other way round)."""
+    arch = swin_arch_of(sd, stage_key='layers', embed_key='patch_embed.proj.weight')
+    return dict(arch, patch_norm=any(k.startswith('patch_embed.norm.') for k in sd)
+                if 'patch_embed.proj.weight' in sd else None)
+
+
+def swin3d_model_arch(model) -> dict:
+    return dict(swin_model_arch(model), patch_norm=model.patch_embed.norm is not None)
 
 
 def _detect(sd: StateDict) -> Tuple[StateDict, str]:
-    return sd, detect_swin3d_format(sd)  # video files are already our layout
+    """Video files are our layout already, but for the original Video-Swin release's (and
+    mmaction2 0.x's) final ``norm``: the norm after the last stage, mmaction2 1.x's and our
+    ``norm{last}`` (as mmaction2's own 2-D inflation renames it)."""
+    fmt = detect_swin3d_format(sd)
+    stages = [int(m.group(1)) for k in sd for m in [re.match(r'layers\.(\d+)\.', k)] if m]
+    if fmt == 'video' and stages and any(k.startswith('norm.') for k in sd):
+        last = f'norm{max(stages)}.'
+        if not any(k.startswith(last) for k in sd):
+            sd = OrderedDict((last + k[len('norm.'):] if k.startswith('norm.') else k, v)
+                             for k, v in sd.items())
+    return sd, fmt
 
 
 def _inflate_images(sd: StateDict, fmt: str, model) -> StateDict:
@@ -146,11 +164,14 @@ def _resize_table_3d(key: str, value: torch.Tensor, own: torch.Tensor, model) ->
 
 
 SWIN3D_CHECKPOINTS = CheckpointFamily(
-    'Swin', _detect, swin3d_arch_of, swin_model_arch, transform=_inflate_images,
+    'Swin', _detect, swin3d_arch_of, swin3d_model_arch, transform=_inflate_images,
     resize=((r'relative_position_bias_table$', _resize_table_3d), ),
     # Per-stage norms of a 2-D mmdet checkpoint do not fit out_after_downsample=True (its
     # outputs have twice the channels): left initialised, reported missing.
-    drop_mismatched=r'norm\d+\.(weight|bias)')
+    drop_mismatched=r'norm\d+\.(weight|bias)',
+    unrepresentable=((r'\.attn\.qkv\.bias$', 'q/k/v biases', 'qkv_bias=True'),
+                     (r'^absolute_pos_embed$', "an image Swin's absolute position embedding",
+                      'an image Swin without one: the video Swin has none')))
 
 
 def convert_swin3d_state_dict(sd: StateDict, model) -> StateDict:

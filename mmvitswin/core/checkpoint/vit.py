@@ -283,15 +283,48 @@ def convert_vit_state_dict(sd: StateDict, config: Optional[dict] = None
     return out, fmt
 
 
+def trunk_layout_of(sd: StateDict) -> dict:
+    """The parts around a ViT trunk's blocks a state dict in our layout has (None: the keys do
+    not say): the patch embedding's norm and bias and a norm before the blocks, either way
+    (a file without one cannot serve a model with it, and one with it has no use in a model
+    without it); an absolute position embedding, either way; a final norm and a CLS token one
+    way only: a file with them serves a model without them (their keys go unused: mmseg's
+    ``final_norm=False`` recipes, ViTDet's trunks without the CLS token on MAE weights), a file
+    without them cannot serve a model with them (initialised, they would change every
+    feature)."""
+    patch = 'patch_embed.proj.weight' in sd
+    return dict(patch_norm='patch_embed.norm.weight' in sd if patch else None,
+                patch_bias='patch_embed.proj.bias' in sd if patch else None,
+                pre_norm='norm_pre.weight' in sd, abs_pos_embed='pos_embed' in sd,
+                final_norm=None if 'norm.weight' in sd else False,
+                with_cls_token=None if 'cls_token' in sd else False)
+
+
+def trunk_layout_of_model(model) -> dict:
+    """:func:`trunk_layout_of`'s fields of a ViT trunk (None where its patch embedding is not
+    the plain patchify one: a conv stem, a CNN)."""
+    embed = model.patch_embed
+    proj = getattr(embed, 'proj', None) if not isinstance(embed, ConvStem) else None
+    plain = isinstance(proj, torch.nn.Conv2d)
+    return dict(patch_norm=getattr(embed, 'norm', None) is not None if plain else None,
+                patch_bias=proj.bias is not None if plain else None,
+                pre_norm=getattr(model, 'norm_pre', None) is not None,
+                abs_pos_embed=getattr(model, 'pos_embed', None) is not None,
+                final_norm=bool(getattr(model, 'final_norm', False)),
+                with_cls_token=bool(getattr(model, 'with_cls_token', False)))
+
+
 def vit_arch_of(sd: StateDict) -> dict:
     """The architecture a state dict in our layout reveals (None where unknown): width, depth,
-    LayerScale, register tokens, FFN kind and hidden width, qkv bias."""
+    LayerScale, register tokens, FFN kind and hidden width, qkv bias, and the parts around the
+    blocks (:func:`trunk_layout_of`)."""
     blocks = {int(m.group(1)) for k in sd for m in [re.match(r'blocks\.(\d+)\.', k)] if m}
     w = sd.get('patch_embed.proj.weight')
     arch = dict(embed_dims=None if w is None else w.shape[0],
                 num_layers=max(blocks) + 1 if blocks else None)
     if not blocks:
         return arch
+    arch.update(trunk_layout_of(sd))
     first = f'blocks.{min(blocks)}.'
     regs = sd.get('register_tokens')
     arch.update(layer_scale=first + 'ls1.gamma' in sd,
@@ -327,7 +360,8 @@ def vit_config_arch(config: dict) -> dict:
 def vit_model_arch(model) -> dict:
     """The probe's fields of a ViT trunk (or a builder on one)."""
     block = model.blocks[0]
-    return dict(embed_dims=model.embed_dims, num_layers=model.num_layers,
+    return dict(trunk_layout_of_model(model), embed_dims=model.embed_dims,
+                num_layers=model.num_layers,
                 num_heads=model.num_heads, layer_scale=model.layer_scale_init_value is not None,
                 num_register_tokens=model.num_register_tokens, ffn_type=model.ffn_type,
                 feedforward_channels=model.feedforward_channels,
