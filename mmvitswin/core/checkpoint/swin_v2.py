@@ -23,8 +23,8 @@ refused, naming the stage and the setting that fits. A HuggingFace ``config.json
 the same way, and so is a timm hub snapshot's (the model name it gives, e.g.
 ``swinv2_base_window12to16_192to256``, states the windows). Weights with neither (timm's and
 HF's files alone) do not say which window they were trained at: ``pretrained_window_sizes`` is
-then the user's to set. Final norms, heads, poolers and mask tokens are left under their own names (the
-loader reports them unused).
+then the user's to set. Final norms, heads, poolers and mask tokens are left under their own
+names (the loader reports them unused).
 """
 import re
 from collections import OrderedDict
