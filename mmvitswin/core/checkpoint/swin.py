@@ -128,7 +128,8 @@ def detect_swin_format(sd: StateDict) -> str:
     if any(k.endswith(('logit_scale', 'continuous_position_bias_mlp.0.weight',
                        'cpb_mlp.0.weight')) for k in keys):
         raise ValueError('a Swin V2 checkpoint (attention logit_scale, continuous position bias '
-                         'MLP): load it into SwinTransformerV2')
+                         'MLP), which only SwinTransformerV2 loads: a Swin V1 (2-D, or the '
+                         "video Swin's inflation) has no place for its blocks")
     if _HF_EMBED in keys or f'swin.{_HF_EMBED}' in keys or any(
             k.startswith(('encoder.layers.', 'swin.encoder.layers.')) for k in keys):
         return 'hf'
