@@ -420,6 +420,7 @@ def test_v2_files_are_refused_by_v1_and_timm_cr_files_by_v2(hf_narrow, tmp_path)
     ('swinv2_base_window12_192', (12, 12, 12, 6)),
     ('swinv2_base_window12to16_192to256', (12, 12, 12, 6)),
     ('swinv2_large_window12to24_192to384', (12, 12, 12, 6)),
+    ('swinv2_base_window12to16_192to256_22kft1k', (12, 12, 12, 6)),  # timm < 0.9's name
 ])
 def test_timm_snapshot_config_states_the_trained_windows(hf_narrow, tmp_path, name, windows):
     """timm's hub snapshot: model.safetensors beside a config.json whose ``architecture`` is

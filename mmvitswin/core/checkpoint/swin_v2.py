@@ -221,9 +221,9 @@ def _bias_windows(window, image, patch, pretrained, stages: int) -> tuple:
 
 # timm's registered Swin V2 names: window<W>[to<W'>]_<I>[to<I'>] (the file was trained at
 # window W on I px; a 'to' model runs at W' and I', its position-bias MLP still normalised to
-# what it had at W and I px)
+# what it had at W and I px); timm < 0.9 appended _22k / _22kft1k
 _TIMM_V2_NAME = re.compile(r'swinv2_(?:tiny|small|base|large)_window(\d+)(?:to(\d+))?_'
-                           r'(\d+)(?:to(\d+))?')
+                           r'(\d+)(?:to(\d+))?(?:_22k|_22kft1k)?')
 
 
 def _timm_config_windows(config: dict) -> Optional[tuple]:
