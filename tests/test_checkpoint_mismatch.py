@@ -2,8 +2,9 @@
 ViT trunk (ViTAdapter, HybridViT) and SAM's. A file that lacks a part the model has, or has a
 part the model lacks, is refused with the setting that fits, where loading it would change the
 features; the cases that are deliberate uses (a final norm or a CLS token a model leaves out)
-load and say which keys went unused. Each refusal is checked to guard something: the same
-file, in a model built to fit, gives the source model's features.
+load and say which keys went unused. The parametrized refusals also check that the same
+file, in a model built to fit, gives the source model's features (the refusal guards a real
+difference, not a file that cannot load at all).
 """
 import warnings
 from collections import OrderedDict
