@@ -68,6 +68,15 @@ def hf_narrow():
     return perturbed(Swinv2Backbone(hf_config()))
 
 
+def hf_with(hf, window, pretrained, **dims):
+    """HF's backbone with ``hf``'s weights (``dims``: its width, depths and heads, if not
+    the narrow model's) at another window and pretrained windows."""
+    other = Swinv2Backbone(hf_config(**dims, window=window, pretrained=pretrained)).eval()
+    missing, unexpected = other.load_state_dict(hf.state_dict(), strict=False)
+    assert not missing and not unexpected
+    return other
+
+
 def hf_maps(hf, x) -> list:
     """HF's raw stage maps (NCHW; its backbone has no output norms)."""
     with torch.no_grad():
@@ -268,9 +277,7 @@ def test_window_transfer_matches_hf_with_the_same_config_change(hf_narrow, tmp_p
     """A window-4 checkpoint run at window 8 with pretrained_window_sizes=4, against HF's model
     with the same weights and the same config change (no table is resampled: the MLP's input
     coordinates keep their scale)."""
-    hf8 = Swinv2Backbone(hf_config(window=8, pretrained=(4, 4, 4, 4))).eval()
-    missing, unexpected = hf8.load_state_dict(hf_narrow.state_dict(), strict=False)
-    assert not missing and not unexpected
+    hf8 = hf_with(hf_narrow, 8, (4, 4, 4, 4))
     path = tmp_path / 'window4_microsoft.pth'
     torch.save(hf_to_microsoft_layout(hf_narrow), path)  # its coordinate tables: window 4
     model = SwinTransformerV2(**NARROW, window_size=8, pretrained_window_sizes=4)
@@ -313,9 +320,7 @@ def test_swinv2_tiny_window_8_weights_run_at_window_16_match_hf(hf_tiny, tmp_pat
     """A window-8 SwinV2-T file (Microsoft's layout, its coordinate tables normalised to 8) run
     at window 16 with pretrained_window_sizes=8, against HF's SwinV2-T with the same weights
     and the same config change; the window-16 maps are not the window-8 ones."""
-    hf16 = Swinv2Backbone(hf_config(**TINY, window=16, pretrained=(8, 8, 8, 8))).eval()
-    missing, unexpected = hf16.load_state_dict(hf_tiny.state_dict(), strict=False)
-    assert not missing and not unexpected
+    hf16 = hf_with(hf_tiny, 16, (8, 8, 8, 8), **TINY)
     path = tmp_path / 'swinv2_t_window8_microsoft.pth'
     torch.save(hf_to_microsoft_layout(hf_tiny), path)
     model = SwinTransformerV2(arch='tiny', window_size=16, pretrained_window_sizes=8,
@@ -441,20 +446,12 @@ def test_timm_snapshot_config_states_the_trained_windows(hf_narrow, tmp_path, na
         load_pretrained(SwinTransformerV2(**NARROW, window_size=window), str(snapshot))
     model = SwinTransformerV2(**NARROW, window_size=window, pretrained_window_sizes=windows)
     load(model, str(snapshot / 'model.safetensors'))  # the config.json beside it is read
-    assert_matches_hf(model, _hf_with(hf_narrow, window, windows), sizes=SIZES[:1])
+    assert_matches_hf(model, hf_with(hf_narrow, window, windows), sizes=SIZES[:1])
     # model_args (what timm.create_model was given) win over the name's values
     config['model_args'] = {'window_size': 16, 'img_size': 512, 'pretrained_window_sizes': 0}
     assert swinv2_config_arch(config) == dict(pretrained_window_sizes=(16, 16, 16, 16))
     for other in ('swin_tiny_patch4_window7_224', 'swinv2_cr_tiny_ns_224'):
         assert swinv2_config_arch({'architecture': other}) == {}
-
-
-def _hf_with(hf, window, pretrained):
-    """HF's backbone with ``hf``'s weights at another window and pretrained windows."""
-    other = Swinv2Backbone(hf_config(window=window, pretrained=pretrained)).eval()
-    missing, unexpected = other.load_state_dict(hf.state_dict(), strict=False)
-    assert not missing and not unexpected
-    return other
 
 
 @pytest.mark.slow

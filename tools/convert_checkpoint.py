@@ -54,13 +54,13 @@ def convert(src: str, backbone_cfg=None):
     import mmvitswin  # noqa: F401  (registers the backbones)
     from mmvitswin.core.checkpoint import (fit_checkpoint, load_state_dict_reported,
                                            read_checkpoint, unwrap_state_dict)
-    from mmvitswin.core.checkpoint.swin import convert_swin_state_dict
+    from mmvitswin.core.checkpoint.swin import convert_swin_state_dict, is_swinv2_state_dict
     from mmvitswin.core.checkpoint.swin_v2 import convert_swinv2_state_dict, swinv2_config_arch
     from mmvitswin.core.layers import log_spaced_relative_coords
     ckpt = read_checkpoint(src)
     sd = unwrap_state_dict(ckpt.obj)
     if backbone_cfg is None:
-        if any(k.endswith('logit_scale') for k in sd):
+        if is_swinv2_state_dict(sd):
             # The windows its position-bias MLPs were trained at go with it, so that loading
             # the output into SwinTransformerV2 still checks them: Microsoft's and mmpretrain's
             # coordinate tables keep our names; what a config.json beside the weights (HF, timm

@@ -150,15 +150,12 @@ def sam_arch_of(sd: StateDict) -> Dict[str, object]:
     Heads: ``embed_dims / head_dim`` of the relative-position tables. Window layout: a
     block's table has ``2 * grid - 1`` rows when it is global (``grid``: the position
     embedding's side) and ``2 * window - 1`` when windowed."""
-    blocks = {int(m.group(1)) for k in sd for m in [re.match(r'blocks\.(\d+)\.', k)] if m}
-    kernel = sd.get('patch_embed.proj.weight')
-    embed_dims = None if kernel is None else kernel.shape[0]
-    # the ViT trunk's fields first (LayerScale, registers, FFN, biases, the parts around the
-    # blocks: the file is our ViT layout by now), then what only SAM's keys tell
-    arch = dict(vit_arch_of(sd), embed_dims=embed_dims,
-                num_layers=max(blocks) + 1 if blocks else None,
-                num_heads=None, use_rel_pos=None, window_size=None, global_attn_indexes=None)
-    if not blocks:
+    # the ViT trunk's fields first (width, depth, LayerScale, registers, FFN, biases, the parts
+    # around the blocks: the file is our ViT layout by now), then what only SAM's keys tell
+    arch = dict(vit_arch_of(sd), num_heads=None, use_rel_pos=None, window_size=None,
+                global_attn_indexes=None)
+    embed_dims = arch['embed_dims']
+    if arch['num_layers'] is None:  # (no blocks)
         return arch
     rows = _block_table_rows(sd)
     arch['use_rel_pos'] = bool(rows)
@@ -189,10 +186,10 @@ def sam_arch_of(sd: StateDict) -> Dict[str, object]:
 
 
 def sam_model_arch(model) -> Dict[str, object]:
-    """The probe's fields of a ViT trunk (or a builder on one)."""
+    """The probe's fields of a ViT trunk (or a builder on one): the ViT family's, and its
+    window layout."""
     window = model.window_size
-    return dict(vit_model_arch(model), embed_dims=model.embed_dims, num_layers=model.num_layers,
-                num_heads=model.num_heads, use_rel_pos=bool(model.use_rel_pos),
+    return dict(vit_model_arch(model), use_rel_pos=bool(model.use_rel_pos),
                 window_size=window,
                 global_attn_indexes=tuple(sorted(model.global_attn_indexes)) if window else
                 tuple(range(model.num_layers)))

@@ -121,12 +121,18 @@ def hf_to_microsoft(sd: StateDict) -> StateDict:
     return out
 
 
+def is_swinv2_state_dict(sd: StateDict) -> bool:
+    """Whether ``sd`` (any layout) is a Swin V2's: attention logit scales or a continuous
+    position-bias MLP, which no Swin V1 has."""
+    return any(k.endswith(('logit_scale', 'continuous_position_bias_mlp.0.weight',
+                           'cpb_mlp.0.weight')) for k in sd)
+
+
 def detect_swin_format(sd: StateDict) -> str:
     """Return 'mmdet', 'microsoft', 'timm' or 'hf'; ValueError for anything else (a Swin V2
     file included: its blocks would rename to V1's and load as nothing they were trained as)."""
     keys = set(sd)
-    if any(k.endswith(('logit_scale', 'continuous_position_bias_mlp.0.weight',
-                       'cpb_mlp.0.weight')) for k in keys):
+    if is_swinv2_state_dict(sd):
         raise ValueError('a Swin V2 checkpoint (attention logit_scale, continuous position bias '
                          'MLP), which only SwinTransformerV2 loads: a Swin V1 (2-D, or the '
                          "video Swin's inflation) has no place for its blocks")
@@ -198,8 +204,11 @@ def convert_swin_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
 
 def swin_arch_of(sd: StateDict, stage_key: str = 'stages',
                  embed_key: str = 'patch_embed.projection.weight') -> Dict[str, object]:
-    """embed_dims and blocks per stage of a Swin state dict whose blocks are named
-    ``{stage_key}.{s}.blocks.{b}.*`` (``layers`` for the video Swin); None where unknown."""
+    """embed_dims and blocks per stage of a Swin state dict (V1, V2 or video) whose blocks are
+    named ``{stage_key}.{s}.blocks.{b}.*`` (``layers`` for the video Swin), and whether it has
+    the patch embedding's norm: a file without one, in a model with one, would run a unit
+    LayerNorm its weights were not trained with, and the other way round the norm's weights
+    would go unused. None where unknown (no patch embedding: no say about its norm)."""
     depths: Dict[int, int] = {}
     for k in sd:
         m = re.match(rf'{stage_key}\.(\d+)\.blocks\.(\d+)\.', k)
@@ -207,23 +216,16 @@ def swin_arch_of(sd: StateDict, stage_key: str = 'stages',
             s, b = int(m.group(1)), int(m.group(2))
             depths[s] = max(depths.get(s, 0), b + 1)
     w = sd.get(embed_key)
-    return dict(embed_dims=None if w is None else w.shape[0],
-                depths=tuple(depths.get(s, 0) for s in range(max(depths) + 1)) if depths else None)
-
-
-def swin2d_arch_of(sd: StateDict) -> Dict[str, object]:
-    """:func:`swin_arch_of` of a converted 2-D Swin (V1 or V2) file, plus whether it has the
-    patch embedding's norm: a file without one, in a model with one, would run a unit
-    LayerNorm its weights were not trained with (the other way round the key is refused as
-    unrepresentable). None for a file without a patch embedding."""
     norm = any(k.startswith('patch_embed.norm.') for k in sd)
-    return dict(swin_arch_of(sd), patch_norm=norm if norm or any(
-        k.startswith('patch_embed.projection.') for k in sd) else None)
+    return dict(embed_dims=None if w is None else w.shape[0],
+                depths=tuple(depths.get(s, 0) for s in range(max(depths) + 1)) if depths else None,
+                patch_norm=norm if norm or w is not None else None)
 
 
 def swin_model_arch(model) -> Dict[str, object]:
-    """The probe's fields of a Swin model (2-D or video)."""
-    return dict(embed_dims=model.arch_settings['embed_dims'], depths=tuple(model.depths))
+    """The probe's fields of a Swin model (V1, V2 or video)."""
+    return dict(embed_dims=model.arch_settings['embed_dims'], depths=tuple(model.depths),
+                patch_norm=model.patch_embed.norm is not None)
 
 
 def swin2d_model_arch(model) -> Dict[str, object]:
@@ -232,7 +234,6 @@ def swin2d_model_arch(model) -> Dict[str, object]:
     block = next((b for stage in model.stages for b in stage.blocks), None)
     fc1 = None if block is None else block.ffn.layers[0][0].weight
     return dict(swin_model_arch(model), num_heads=tuple(model.num_heads),
-                patch_norm=model.patch_embed.norm is not None,
                 patch_size=model.patch_size, in_channels=model.in_channels,
                 use_abs_pos_embed=model.use_abs_pos_embed,
                 mlp_ratio=None if fc1 is None else fc1.shape[0] / fc1.shape[1],
@@ -294,7 +295,7 @@ SWIN_UNREPRESENTABLE = (
 )
 
 SWIN_CHECKPOINTS = CheckpointFamily(
-    'Swin', convert_swin_state_dict, swin2d_arch_of, swin2d_model_arch,
+    'Swin', convert_swin_state_dict, swin_arch_of, swin2d_model_arch,
     resize=((r'relative_position_bias_table$', resize_bias_table),
             (r'^absolute_pos_embed$', _resize_abs_pos_embed)),
     config_probe=swin_config_arch, unrepresentable=SWIN_UNREPRESENTABLE)

@@ -124,16 +124,9 @@ def _source_window_3d(rows: int, window: Sequence[int], key: str) -> Tuple[int, 
 
 
 def swin3d_arch_of(sd: StateDict) -> dict:
-    """embed_dims and blocks per stage of a video Swin state dict (inflated, if it was an
-    image one), and whether it has the patch embedding's norm (a file without one cannot serve
-    a model with one, and the other way round)."""
-    arch = swin_arch_of(sd, stage_key='layers', embed_key='patch_embed.proj.weight')
-    return dict(arch, patch_norm=any(k.startswith('patch_embed.norm.') for k in sd)
-                if 'patch_embed.proj.weight' in sd else None)
-
-
-def swin3d_model_arch(model) -> dict:
-    return dict(swin_model_arch(model), patch_norm=model.patch_embed.norm is not None)
+    """:func:`~.swin.swin_arch_of` of a video Swin state dict (inflated, if it was an image
+    one)."""
+    return swin_arch_of(sd, stage_key='layers', embed_key='patch_embed.proj.weight')
 
 
 def _detect(sd: StateDict) -> Tuple[StateDict, str]:
@@ -164,7 +157,7 @@ def _resize_table_3d(key: str, value: torch.Tensor, own: torch.Tensor, model) ->
 
 
 SWIN3D_CHECKPOINTS = CheckpointFamily(
-    'Swin', _detect, swin3d_arch_of, swin3d_model_arch, transform=_inflate_images,
+    'Swin', _detect, swin3d_arch_of, swin_model_arch, transform=_inflate_images,
     resize=((r'relative_position_bias_table$', _resize_table_3d), ),
     # Per-stage norms of a 2-D mmdet checkpoint do not fit out_after_downsample=True (its
     # outputs have twice the channels): left initialised, reported missing.

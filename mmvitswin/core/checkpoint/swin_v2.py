@@ -34,7 +34,7 @@ import torch
 
 from ..layers import pretrained_window_of
 from .loading import CheckpointFamily, StateDict, fit_checkpoint
-from .swin import (PATCH_NORM_UNREPRESENTABLE, hf_to_microsoft, swin2d_arch_of,
+from .swin import (PATCH_NORM_UNREPRESENTABLE, hf_to_microsoft, swin_arch_of, swin_model_arch,
                    unfold_order_from_microsoft)
 
 _MICROSOFT_BLOCK = (('attn.', 'attn.w_msa.'), ('mlp.fc1.', 'ffn.layers.0.0.'),
@@ -152,7 +152,7 @@ def swinv2_arch_of(sd: StateDict) -> Dict[str, object]:
     """embed_dims, blocks per stage and heads per stage of a converted state dict (None where
     unknown); the position-bias window is read from the coordinate tables by
     :func:`check_position_bias_windows` instead (the engine drops them before the probe)."""
-    arch = swin2d_arch_of(sd)
+    arch = swin_arch_of(sd)
     scales = _stage_blocks(sd, 'logit_scale')
     depths = arch['depths']
     heads = None
@@ -174,8 +174,7 @@ def model_position_bias_windows(model) -> tuple:
 
 
 def swinv2_model_arch(model) -> Dict[str, object]:
-    return dict(embed_dims=model.arch_settings['embed_dims'], depths=tuple(model.depths),
-                num_heads=tuple(model.num_heads), patch_norm=model.patch_embed.norm is not None,
+    return dict(swin_model_arch(model), num_heads=tuple(model.num_heads),
                 pretrained_window_sizes=model_position_bias_windows(model))
 
 
@@ -235,8 +234,7 @@ def _timm_config_windows(config: dict) -> Optional[tuple]:
     trained_window, window, trained_image, image = m.groups()
     pretrained = 0
     if window is not None:  # 'to': normalised to the trained window at the trained size
-        pretrained = _bias_windows(trained_window, trained_image, 4, None, 4)
-        pretrained = tuple(w if isinstance(w, int) else w[0] for w in pretrained)
+        pretrained = _bias_windows(trained_window, trained_image, 4, None, 4)  # (square)
     args = config.get('model_args') or {}
     window = args.get('window_size', window or trained_window)
     image = args.get('img_size', image or trained_image)
