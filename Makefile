@@ -69,10 +69,14 @@ $(STAMP)/mmcv: $(STAMP)/torch
 	$(BIN)/python tools/check_mmcv_ops.py
 	@touch $@
 
-$(STAMP)/package: $(STAMP)/mmcv setup.cfg pyproject.toml setup.py
+$(STAMP)/package: $(STAMP)/mmcv setup.cfg pyproject.toml setup.py Makefile
 	$(BIN)/pip install -e ".[openmmlab,tests,deploy]"
 	# mmaction2's wheel pins deps we do not need; the Video Swin parity test only reads one file of it.
 	$(BIN)/pip install --no-deps "mmaction2==1.2.0"
+	# mmpretrain's likewise (its multimodal and evaluation code): the Swin V2 parity test imports
+	# its backbone module alone, which needs importlib_metadata besides what is installed.
+	$(BIN)/pip install --no-deps "mmpretrain==1.2.0"
+	$(BIN)/pip install importlib_metadata
 	@touch $@
 
 reinstall-mmcv:

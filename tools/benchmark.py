@@ -126,12 +126,12 @@ def _swin_speed_rows(kind: str, suffix: str = '') -> list:
             [f'Swin-T {what} bf16{amp} vs ref bf16{suffix}', 'ours bf16', 'ref bf16', 'time']]
 
 
-def _swinv2_rows(prefix: str = 'SwinV2-T', kind: str = 'forward') -> list:
+def _swinv2_rows(prefix: str = 'SwinV2-T', kind: str = 'forward', suffix: str = '') -> list:
     """Swin V2 forward (or train-step: ``kind``) rows against HF's Swinv2Backbone on the same
     weights, fp32 and bf16 (autocast, for training with the AMP optimizer wrapper)."""
     what = 'forward' if kind == 'forward' else 'train step (fused AdamW)'
-    return [[f'{prefix} {what} {d} vs HF Swinv2Backbone {d}', f'ours {d}', f'ref {d}', 'time']
-            for d in ('fp32', 'bf16')]
+    return [[f'{prefix} {what} {d} vs HF Swinv2Backbone {d}{suffix}', f'ours {d}', f'ref {d}',
+             'time'] for d in ('fp32', 'bf16')]
 
 
 def _dinov2_rows(adapter: str) -> list:
@@ -188,6 +188,11 @@ PRESETS = {
         # 'adamw_torch_fused') and what our Swin V2 configs ask for (fused='auto')
         dict(model='swinv2_t', kind='train', scale=0.4, count=3, batch=1, fused_adamw=True,
              rows=_swinv2_rows(kind='train')),
+        # the detection recipe's own sizes, where a detection run trains
+        dict(model='swinv2_t', kind='forward', scale=1.0, count=3, batch=1,
+             rows=_swinv2_rows(suffix=', recipe sizes')),
+        dict(model='swinv2_t', kind='train', scale=1.0, count=2, batch=1, fused_adamw=True,
+             rows=_swinv2_rows(kind='train', suffix=', recipe sizes')),
         dict(model='vit_adapter_dinov2_b_interaction', kind='forward', scale=0.6, count=3,
              batch=1, rows=_dinov2_rows('interaction')),
     ],
