@@ -13,6 +13,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 MMCV_VERSION ?= 2.1.0
+# timm: a test oracle (its Swin V2 module) and a benchmark peer; 1.0.31 needs Python >= 3.9.
+TIMM_SPEC ?= timm==1.0.31
 # Built mmcv wheels are kept here, one folder per torch version, and reused by the next install.
 WHEEL_DIR ?= $(HOME)/.cache/mmvitswin/wheels
 FORCE_CUDA ?= 0
@@ -21,6 +23,7 @@ STAMP := $(VENV)/.stamps
 # The compatibility floor (README "Tested versions"): a second venv built by the same rules.
 COMPAT_VENV ?= .venv-compat
 COMPAT_TORCH_SPEC ?= torch==2.1.2
+COMPAT_TIMM_SPEC ?= timm==1.0.30
 COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.8*/bin/python) python3.8)
 # Pins applied to every pip call of the compat build (numpy<2: torch 2.1 was built against 1.x).
 COMPAT_CONSTRAINTS ?= $(CURDIR)/requirements/compat-constraints.txt
@@ -77,6 +80,9 @@ $(STAMP)/package: $(STAMP)/mmcv setup.cfg pyproject.toml setup.py Makefile
 	# its backbone module alone, which needs importlib_metadata besides what is installed.
 	$(BIN)/pip install --no-deps "mmpretrain==1.2.0"
 	$(BIN)/pip install importlib_metadata
+	# timm likewise: its torchvision requirement would replace our torch (tools/benchmark.py
+	# imports it with a torchvision stub where torchvision is missing).
+	$(BIN)/pip install --no-deps "$(TIMM_SPEC)"
 	@touch $@
 
 reinstall-mmcv:
@@ -100,7 +106,7 @@ test-fast: install
 # constraint file (if any) for these pip calls only.
 install-compat:
 	PIP_CONSTRAINT="$(COMPAT_CONSTRAINTS)" $(MAKE) install VENV="$(COMPAT_VENV)" \
-		TORCH_SPEC="$(COMPAT_TORCH_SPEC)" PYTHON="$(COMPAT_PYTHON)"
+		TORCH_SPEC="$(COMPAT_TORCH_SPEC)" PYTHON="$(COMPAT_PYTHON)" TIMM_SPEC="$(COMPAT_TIMM_SPEC)"
 
 test-compat: install-compat
 	$(COMPAT_VENV)/bin/python -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=25 tests
@@ -108,9 +114,7 @@ test-compat: install-compat
 demo: install
 	$(BIN)/python tools/demo.py
 
-# timm is a benchmark peer only; --no-deps: its torchvision requirement would replace our torch.
 bench: install
-	$(BIN)/pip install --no-deps "timm==1.0.31"
 	$(BIN)/python tools/benchmark.py --preset standard --out-dir bench_out
 
 clean:
