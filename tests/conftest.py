@@ -45,6 +45,27 @@ def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / scale)
 
 
+def norm_inputs(model: torch.nn.Module, x: torch.Tensor, indices):
+    """``(inputs, outputs)`` of one no-grad forward of ``model`` on ``x``: what each of its
+    output norms ``norm{i}`` (``i`` in ``indices``) received, as given (cloned), taken by
+    forward pre-hooks, and the forward's outputs as a list. A backbone's stage maps before
+    the norms: a LayerNorm would hide a per-token scale or shift of a stage's output."""
+    received = {}
+
+    def keep(i):
+        return lambda module, args: received.__setitem__(i, args[0].clone())
+
+    handles = [getattr(model, f'norm{i}').register_forward_pre_hook(keep(i)) for i in indices]
+    try:
+        with torch.no_grad():
+            out = model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert sorted(received) == sorted(indices), 'an output norm was not called'
+    return [received[i] for i in indices], list(out) if isinstance(out, (list, tuple)) else [out]
+
+
 # --------------------------------------------------------------------- torch version floors
 # Tests of features that an old torch lacks skip there with a reason, e.g.
 #   @requires_torch((2, 5), 'torch.onnx.export(dynamo=True)')

@@ -36,7 +36,7 @@ from mmvitswin.core.layers import (CosineWindowAttention, continuous_position_bi
 from mmvitswin.core.layers.cosine_window import unit_vectors
 from mmvitswin.core.layers.linear import linear
 from mmvitswin.core.layers.window import real_query_spans
-from conftest import max_rel_err
+from conftest import max_rel_err, norm_inputs
 from zoo import perturb_like_trained
 
 transformers = pytest.importorskip('transformers')
@@ -84,24 +84,10 @@ def hf_maps(hf, x) -> list:
 
 
 def our_stage_maps(model, x):
-    """``(raw, outs)``: the stage maps our forward hands to ``norm{i}`` (NCHW, taken by a
-    forward pre-hook on each output norm) and the forward's own outputs, from one no-grad
-    call."""
-    raw = {}
-
-    def keep(i):
-        return lambda module, args: raw.__setitem__(i, args[0].permute(0, 3, 1, 2).clone())
-
-    handles = [getattr(model, f'norm{i}').register_forward_pre_hook(keep(i))
-               for i in model.out_indices]
-    try:
-        with torch.no_grad():
-            outs = list(model(x))
-    finally:
-        for handle in handles:
-            handle.remove()
-    assert sorted(raw) == list(model.out_indices), 'an output norm was not called'
-    return [raw[i] for i in model.out_indices], outs
+    """``(raw, outs)``: the stage maps our forward hands to ``norm{i}`` (NCHW) and the
+    forward's own outputs, from one no-grad call."""
+    raw, outs = norm_inputs(model, x, model.out_indices)
+    return [r.permute(0, 3, 1, 2) for r in raw], outs
 
 
 def with_our_norm(model, i, nchw):

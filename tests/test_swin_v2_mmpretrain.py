@@ -21,7 +21,7 @@ import types
 import pytest
 import torch
 
-from conftest import max_rel_err
+from conftest import max_rel_err, norm_inputs
 from mmvitswin.core.backbones.swin_v2 import SwinTransformerV2
 from mmvitswin.core.checkpoint import CheckpointError, load_pretrained
 from zoo import perturb_like_trained
@@ -77,19 +77,8 @@ def save_classifier(model, path) -> str:
 def stage_inputs_of_norms(model, x):
     """``(raw, outs)``: what each ``norm{i}`` receives, as ``(B, tokens, C)`` (mmpretrain hands
     it ``(B, L, C)``, ours ``(B, H, W, C)``), and the forward's outputs."""
-    raw = {}
-
-    def keep(i):
-        return lambda module, args: raw.__setitem__(i, args[0].flatten(1, -2).clone())
-
-    handles = [getattr(model, f'norm{i}').register_forward_pre_hook(keep(i)) for i in range(4)]
-    try:
-        with torch.no_grad():
-            outs = list(model(x))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return [raw[i] for i in range(4)], outs
+    raw, outs = norm_inputs(model, x, range(4))
+    return [r.flatten(1, -2) for r in raw], outs
 
 
 def assert_matches(ours, theirs, sizes=SIZES, tol=1e-5):

@@ -20,7 +20,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import max_rel_err
+from conftest import max_rel_err, norm_inputs
 from mmvitswin.core.backbones.swin_v2 import SwinTransformerV2
 from mmvitswin.core.checkpoint import load_pretrained
 from zoo import perturb_like_trained
@@ -54,18 +54,8 @@ def timm_stage_maps(model, x):
 
 
 def our_stage_maps(model, x):
-    """The maps our forward hands to ``norm{i}`` (NCHW), by forward pre-hooks."""
-    raw = {}
-    handles = [getattr(model, f'norm{i}').register_forward_pre_hook(
-        lambda module, args, i=i: raw.__setitem__(i, args[0].permute(0, 3, 1, 2).clone()))
-        for i in range(4)]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return [raw[i] for i in range(4)]
+    """The maps our forward hands to ``norm{i}`` (NCHW)."""
+    return [r.permute(0, 3, 1, 2) for r in norm_inputs(model, x, range(4))[0]]
 
 
 @pytest.mark.parametrize('window, pretrained', [(4, (0, 0, 0, 0)), (8, (4, 4, 4, 2))])
