@@ -1,8 +1,8 @@
 """SwinTransformerV2 against timm's own ``SwinTransformerV2`` (timm >= 1.0) as the oracle.
 
 timm's ``swinv2_*`` files (``layers.*`` with each patch merging at the start of the next stage,
-Microsoft's merging order, a zero ``k_bias`` buffer, no coordinate tables) are one of the layouts
-we load. tests/test_swin_v2.py writes that layout from HF's keys; here timm's module, with random
+Microsoft's merging order, neither the zero key bias nor the coordinate tables: timm keeps both
+out of its state dict) are one of the layouts we load. tests/test_swin_v2.py writes that layout from HF's keys; here timm's module, with random
 weights, saves the file (safetensors, as the hub ships it) and computes the stage maps ours must
 reproduce. timm is imported as tools/benchmark.py imports it (with a torchvision stub where
 torchvision is missing: its Swin V2 does not use it).
