@@ -13,7 +13,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 MMCV_VERSION ?= 2.1.0
-# timm: a test oracle (its Swin V2 module) and a benchmark peer; 1.0.31 needs Python >= 3.9.
+# timm: a test oracle (its Swin V2 module) and a benchmark peer; 1.0.31 needs Python >= 3.10.
 TIMM_SPEC ?= timm==1.0.31
 # Built mmcv wheels are kept here, one folder per torch version, and reused by the next install.
 WHEEL_DIR ?= $(HOME)/.cache/mmvitswin/wheels

@@ -458,7 +458,7 @@ def test_timm_stub_stays_in_the_import(tool):
     import: no import hook left, no stub module for anything else to find."""
     timm, note = tool.import_timm()
     assert not any(isinstance(f, tool._TorchvisionStub) for f in sys.meta_path)
-    if timm is None:  # timm not installed (CI's clean venv), or broken even with the stub
+    if timm is None:  # timm not installed (make install installs it), or broken even with the stub
         assert note.startswith('timm not benchmarked: import failed')
         assert not any(n.split('.')[0] in ('timm', 'torchvision') for n in sys.modules)
     else:

@@ -2,16 +2,17 @@
 
 timm's ``swinv2_*`` files (``layers.*`` with each patch merging at the start of the next stage,
 Microsoft's merging order, neither the zero key bias nor the coordinate tables: timm keeps both
-out of its state dict) are one of the layouts we load. tests/test_swin_v2.py writes that layout from HF's keys; here timm's module, with random
-weights, saves the file (safetensors, as the hub ships it) and computes the stage maps ours must
-reproduce. timm is imported as tools/benchmark.py imports it (with a torchvision stub where
-torchvision is missing: its Swin V2 does not use it).
+out of its state dict) are one of the layouts we load. tests/test_swin_v2.py writes that layout
+from HF's keys; here timm's module, with random weights, saves the file (safetensors, as the hub
+ships it) and computes the stage maps ours must reproduce. timm is imported as
+tools/benchmark.py imports it (with a torchvision stub where torchvision is missing: its Swin V2
+does not use it).
 
 Where the semantics meet: timm rolls a stage's map and then pads it to whole windows, and, as
-Microsoft's original, drops the shift along an axis where the map (at the ``img_size`` it was
-built for) is not larger than the window; ours (as mmdet's Swin) pads first and always shifts.
-Both give the same maps where every stage's map is a multiple of the window and larger than
-it, the sizes compared here.
+Microsoft's original, along an axis where the map (at the ``img_size`` it was built for) is not
+larger than the window it shrinks the window to the map and drops the shift; ours (as mmdet's
+Swin) pads first and always shifts full windows. Both give the same maps where every stage's
+map is a multiple of the window and larger than it, the sizes compared here.
 """
 import importlib.util
 import os
@@ -92,19 +93,21 @@ def test_timm_file_reproduces_timm(timm_swinv2, tmp_path, window, pretrained):
 
 def test_test_side_timm_writer_gives_timms_keys(timm_swinv2):
     """tests/test_swin_v2.py writes the timm layout from HF's keys for its HF parity tests: the
-    keys and shapes of timm's own module, but for the final norm and classifier head (HF's
-    backbone has neither) and plus a zero ``k_bias`` per block (timm keeps it out of its
-    state dict; a file that holds it, zero, loads the same)."""
+    keys and shapes of timm's own module, plus a zero ``k_bias`` per block (timm keeps it out
+    of its state dict; a file that holds it, zero, loads the same), with a stand-in classifier
+    (``norm.weight``, ``head.weight``: unused by our backbone) where timm has its final norm
+    and ``head.fc``."""
     pytest.importorskip('transformers')
     import test_swin_v2 as hf_tests
     hf = hf_tests.Swinv2Backbone(hf_tests.hf_config(**NARROW, window=4))
-    written = {k: tuple(v.shape) for k, v in hf_tests.hf_to_timm_layout(hf).items()
-               if not k.startswith(('norm.', 'head.'))}
+    written = {k: tuple(v.shape) for k, v in hf_tests.hf_to_timm_layout(hf).items()}
     theirs = {k: tuple(v.shape) for k, v in
               timm_model(timm_swinv2, (256, 256), 4).state_dict().items()}
+    heads = {k for k in written if k.startswith(('norm.', 'head.'))}
+    assert heads == {'norm.weight', 'head.weight'}
     extra = {k for k in theirs if k.startswith(('norm.', 'head.'))}
     assert extra == {'norm.weight', 'norm.bias', 'head.fc.weight', 'head.fc.bias'}
-    key_biases = {k: v for k, v in written.items() if k.endswith('attn.k_bias')}
+    key_biases = {k for k in written if k.endswith('attn.k_bias')}
     assert len(key_biases) == sum(NARROW['depths'])
-    assert {k: v for k, v in written.items() if k not in key_biases} == \
+    assert {k: v for k, v in written.items() if k not in key_biases | heads} == \
         {k: v for k, v in theirs.items() if k not in extra}
