@@ -455,6 +455,19 @@ def test_convert_tool_keeps_a_v2_files_windows(hf_narrow, tmp_path, capsys):
     model = SwinTransformerV2(**NARROW, window_size=4)
     load(model, out)
     assert_matches_hf(model, hf_narrow, sizes=SIZES[:2])
+    # a timm snapshot whose model_args give a non-square window (which our model, square
+    # windows only, cannot run): its tables read back as such, a named refusal
+    from safetensors.torch import save_file
+    timm_snapshot = tmp_path / 'timm_snapshot'
+    timm_snapshot.mkdir()
+    save_file({k: v.contiguous() for k, v in hf_to_timm_layout(hf_narrow).items()},
+              str(timm_snapshot / 'model.safetensors'))
+    (timm_snapshot / 'config.json').write_text(json.dumps(
+        {'architecture': 'swinv2_tiny_window8_256', 'model_args': {'window_size': [4, 8]}}))
+    out = tmp_path / 'converted_timm.pth'
+    assert _tool_main()([str(timm_snapshot), str(out)]) == 0, capsys.readouterr().err
+    with pytest.raises(CheckpointError, match=re.escape('normalised to window (4, 8)')):
+        load_pretrained(SwinTransformerV2(**NARROW, window_size=4), str(out))
 
 
 def test_derived_buffers_are_rebuilt_not_loaded(hf_narrow, tmp_path):

@@ -64,14 +64,15 @@ def convert(src: str, backbone_cfg=None):
             # The windows its position-bias MLPs were trained at go with it, so that loading
             # the output into SwinTransformerV2 still checks them: Microsoft's and mmpretrain's
             # coordinate tables keep our names; what a config.json beside the weights (HF, timm
-            # hub snapshots) states is written as such tables.
+            # hub snapshots) states is written as such tables, in Microsoft's (1, 2h-1, 2w-1, 2)
+            # shape, from which a non-square window reads back too.
             out, fmt = convert_swinv2_state_dict(sd)
             windows = swinv2_config_arch(ckpt.config or {}).get('pretrained_window_sizes')
             if windows and not any(k.endswith('relative_coords_table') for k in out):
                 for stage, window in enumerate(windows):
-                    window = (window, window) if isinstance(window, int) else window
+                    h, w = (window, window) if isinstance(window, int) else window
                     out[f'stages.{stage}.blocks.0.attn.w_msa.relative_coords_table'] = \
-                        log_spaced_relative_coords(window, window)
+                        log_spaced_relative_coords((h, w), (h, w)).view(1, 2 * h - 1, 2 * w - 1, 2)
             return out, f'Swin V2, detected format: {fmt}'
         out, fmt = convert_swin_state_dict(sd)
         return out, f'Swin, detected format: {fmt}'
