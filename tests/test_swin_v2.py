@@ -228,6 +228,18 @@ def save_hf_snapshot(hf, path) -> str:
     return str(path)
 
 
+def save_timm_snapshot(hf, path, config: dict) -> str:
+    """A timm hub snapshot: ``hf``'s weights in timm's layout as model.safetensors, beside
+    ``config`` as config.json."""
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in hf_to_timm_layout(hf).items()},
+              os.path.join(path, 'model.safetensors'))
+    with open(os.path.join(path, 'config.json'), 'w') as f:
+        json.dump(config, f)
+    return str(path)
+
+
 def load(model, path):
     with pytest.warns(UserWarning):  # the final norm/head or the output norms are reported
         return load_pretrained(model, str(path))
@@ -417,15 +429,11 @@ def test_timm_snapshot_config_states_the_trained_windows(hf_narrow, tmp_path, na
     """timm's hub snapshot: model.safetensors beside a config.json whose ``architecture`` is
     the registered model (a 'to' model was trained at the first window and size). The model
     must normalise its bias coordinates to those windows; ``model_args`` override the name."""
-    from safetensors.torch import save_file
     from mmvitswin.core.checkpoint.swin_v2 import swinv2_config_arch
-    snapshot = tmp_path / 'snapshot'
-    snapshot.mkdir()
-    save_file({k: v.contiguous() for k, v in hf_to_timm_layout(hf_narrow).items()},
-              str(snapshot / 'model.safetensors'))
     config = {'architecture': name, 'num_classes': 1000,
               'pretrained_cfg': {'tag': 'ms_in1k', 'input_size': [3, 256, 256]}}
-    (snapshot / 'config.json').write_text(json.dumps(config))
+    snapshot = tmp_path / 'snapshot'
+    save_timm_snapshot(hf_narrow, snapshot, config)
     assert swinv2_config_arch(config) == dict(pretrained_window_sizes=windows)
     window = 24 if name.endswith('384') else 16
     with pytest.raises(CheckpointError, match=re.escape(f'pretrained_window_sizes={windows}')):
@@ -457,15 +465,10 @@ def test_convert_tool_keeps_a_v2_files_windows(hf_narrow, tmp_path, capsys):
     assert_matches_hf(model, hf_narrow, sizes=SIZES[:2])
     # a timm snapshot whose model_args give a non-square window (which our model, square
     # windows only, cannot run): its tables read back as such, a named refusal
-    from safetensors.torch import save_file
-    timm_snapshot = tmp_path / 'timm_snapshot'
-    timm_snapshot.mkdir()
-    save_file({k: v.contiguous() for k, v in hf_to_timm_layout(hf_narrow).items()},
-              str(timm_snapshot / 'model.safetensors'))
-    (timm_snapshot / 'config.json').write_text(json.dumps(
-        {'architecture': 'swinv2_tiny_window8_256', 'model_args': {'window_size': [4, 8]}}))
+    timm_snapshot = save_timm_snapshot(hf_narrow, tmp_path / 'timm_snapshot', {
+        'architecture': 'swinv2_tiny_window8_256', 'model_args': {'window_size': [4, 8]}})
     out = tmp_path / 'converted_timm.pth'
-    assert _tool_main()([str(timm_snapshot), str(out)]) == 0, capsys.readouterr().err
+    assert _tool_main()([timm_snapshot, str(out)]) == 0, capsys.readouterr().err
     with pytest.raises(CheckpointError, match=re.escape('normalised to window (4, 8)')):
         load_pretrained(SwinTransformerV2(**NARROW, window_size=4), str(out))
 
