@@ -6,8 +6,8 @@
    and bf16 autocast: mean ms at new sizes (recipe x0.4, seed 101), then at the same sizes again,
    interleaved; the forward, then the train step (the benchmark's: loss, backward, fused
    AdamW; bf16 with autocast). Then the same for SwinV2-T at what a detection run feeds a GPU
-   (batch 2 at the recipe's sizes, 800-1333 px), where the kernels, not the host issuing them,
-   set the time;
+   (batch 2 at the recipe's sizes: short sides 480-800 px), where the kernels, not the host
+   issuing them, set the time;
 3. the host synchronisations of one forward (``torch.cuda.set_sync_debug_mode``), by line;
 4. ``torch.profiler`` tables (self CPU, self CUDA) of one call at a new and at a seen size,
    with the kernel launches and aten calls counted.
