@@ -14,8 +14,6 @@ larger than the window it shrinks the window to the map and drops the shift; our
 Swin) pads first and always shifts full windows. Both give the same maps where every stage's
 map is a multiple of the window and larger than it, the sizes compared here.
 """
-import importlib.util
-import os
 import warnings
 
 import pytest
@@ -24,19 +22,16 @@ import torch
 from conftest import max_rel_err, norm_inputs
 from mmvitswin.core.backbones.swin_v2 import SwinTransformerV2
 from mmvitswin.core.checkpoint import load_pretrained
+from test_benchmark_tool import _load_tool
 from zoo import perturb_like_trained
 
 NARROW = dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
-TOOL = os.path.join(os.path.dirname(__file__), os.pardir, 'tools', 'benchmark.py')
 
 
 @pytest.fixture(scope='module')
 def timm_swinv2():
     """timm's ``SwinTransformerV2`` class (``make install`` installs timm)."""
-    spec = importlib.util.spec_from_file_location('benchmark_tool_timm', TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    timm, note = tool.import_timm()
+    timm, note = _load_tool().import_timm()
     assert timm is not None, note
     from timm.models.swin_transformer_v2 import SwinTransformerV2 as TimmSwinV2
     return TimmSwinV2
