@@ -12,6 +12,7 @@ uses. Its ``pad_small_map=True`` is the mode that pads each stage to whole windo
 shift, as mmdet's Swin and ours do (with ``False`` it asserts that no map is smaller than the
 window, and drops the shift where a map equals it).
 """
+import functools
 import importlib
 import importlib.util
 import os
@@ -31,9 +32,9 @@ NARROW = dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
 # non-square, not multiples of 32, and one that pads every stage to a single window
 SIZES = [(64, 96), (45, 77), (37, 53), (20, 20)]
 _PACKAGES = ('mmpretrain', 'mmpretrain.models', 'mmpretrain.models.backbones')
-_CLASS = []  # mmpretrain's SwinTransformerV2, imported once per process
 
 
+@functools.lru_cache(maxsize=None)  # once per process (see the docstring)
 def _import_mmpretrain_swinv2():
     """mmpretrain 1.2's ``SwinTransformerV2`` class (see the module docstring), imported once
     per process: its modules register mmpretrain's registries with MMEngine's, which a second
@@ -41,8 +42,6 @@ def _import_mmpretrain_swinv2():
     only (what ``sys.modules`` held for them before is put back); the backbone's own modules
     stay loaded. mmdet's models are imported first: they look for mmpretrain themselves (and
     find none, as without this test), and must not find the stand-ins."""
-    if _CLASS:
-        return _CLASS[0]
     spec = importlib.util.find_spec('mmpretrain')
     assert spec is not None, 'mmpretrain is not installed (make install installs it)'
     import mmdet.models  # noqa: F401
@@ -60,8 +59,7 @@ def _import_mmpretrain_swinv2():
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = before
-    _CLASS.append(module.SwinTransformerV2)
-    return _CLASS[0]
+    return module.SwinTransformerV2
 
 
 @pytest.fixture(scope='module')
