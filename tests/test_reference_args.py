@@ -806,20 +806,3 @@ def test_patch_merging_under_bf16_autocast_matches_the_unfold_order(norm_after):
         for e, g in zip(ref_grads, ours_grads):
             assert g.dtype == e.dtype == torch.float32
             torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2 * e.abs().max().item())
-
-
-def test_neighbour_major_is_the_channel_permutation_both_ways():
-    """``_neighbour_major`` takes channel ``i * 4 + j`` to position ``j * C + i`` along the
-    given axis, and its gradient is the inverse permutation (exact values)."""
-    from mmvitswin.core.layers.patch import _neighbour_major
-    c = 5
-    order = torch.arange(4 * c).view(c, 4).t().reshape(-1)
-    w = torch.randn(3, 4 * c, requires_grad=True)
-    out = _neighbour_major(w, 1)
-    assert torch.equal(out, w.index_select(1, order))
-    grad = torch.randn_like(out)
-    assert torch.equal(torch.autograd.grad(out, w, grad)[0],
-                       torch.zeros_like(w).index_copy_(1, order, grad))
-    b = torch.randn(4 * c)
-    assert torch.equal(_neighbour_major(b, 0), b[order])
-    assert _neighbour_major(None, 0) is None

@@ -92,8 +92,8 @@ def test_sdpa_and_fallback_agree():
     with torch.no_grad():
         fast = model(x)
         for m in model.modules():
-            if hasattr(m, 'use_sdpa'):
-                m.use_sdpa = False
+            if hasattr(m, 'fused_attn'):
+                m.fused_attn = False
         slow = model(x)
     for a, b in zip(fast, slow):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)

@@ -22,7 +22,6 @@ import copy
 import json
 import math
 import os
-import pickle
 import re
 
 import pytest
@@ -30,12 +29,8 @@ import torch
 
 from mmvitswin.core.backbones.swin_v2 import SwinTransformerV2
 from mmvitswin.core.checkpoint import CheckpointError, load_pretrained
-from mmvitswin.core.layers import (CosineWindowAttention, continuous_position_bias,
-                                   log_spaced_relative_coords, pretrained_window_of,
-                                   window_gather_index)
-from mmvitswin.core.layers.cosine_window import unit_vectors
-from mmvitswin.core.layers.linear import linear
-from mmvitswin.core.layers.window import real_query_spans
+from mmvitswin.core.layers import (CosineWindowAttention, log_spaced_relative_coords,
+                                   pretrained_window_of)
 from conftest import max_rel_err, norm_inputs
 from zoo import perturb_like_trained
 
@@ -524,76 +519,6 @@ def test_logit_scale_is_clamped_at_log_100():
     assert not torch.allclose(at_cap, below)
 
 
-def test_bias_table_is_reused_only_while_its_inputs_keep_their_values():
-    """Eager CPU inference keeps each block's position-bias table between calls. Every change
-    to what it was computed from must recompute it, including edits through ``.data`` (an EMA
-    update), which bump no version counter; with autograd it is never reused."""
-    torch.manual_seed(0)
-    attn = perturbed(CosineWindowAttention(16, 2, (4, 4), cpb_hidden_dims=32))
-    other = perturbed(CosineWindowAttention(16, 2, (4, 4), cpb_hidden_dims=32), seed=1)
-    x = torch.randn(3, 16, 16)
-
-    def fresh():  # from the current weights, nothing kept
-        return continuous_position_bias(attn.cpb_mlp, attn.relative_coords_table,
-                                        attn.relative_position_index)
-
-    with torch.no_grad():
-        kept = attn._bias_table()
-        assert attn._bias_table() is kept
-        assert torch.equal(attn.position_bias(), fresh())
-        before = attn(x)
-        edits = [lambda: attn.cpb_mlp[2].weight.data.mul_(1.5),
-                 lambda: attn.cpb_mlp[0].bias.data.copy_(other.cpb_mlp[0].bias),
-                 lambda: attn.cpb_mlp[0].weight.data.add_(1e-3),
-                 lambda: attn.load_state_dict(other.state_dict()),
-                 lambda: attn.relative_coords_table.mul_(0.5)]
-        for edit in edits:
-            attn._bias_table()  # kept for the values before the edit
-            edit()
-            assert torch.equal(attn.position_bias(), fresh())
-        assert not torch.allclose(attn(x), before)
-        attn.double()
-        assert attn._bias_table().dtype == torch.float32
-        assert torch.equal(attn.position_bias(), fresh())
-    attn.float()
-    with torch.no_grad():
-        attn._bias_table()  # kept for these values
-    assert attn._bias_table().requires_grad  # autograd: computed, so gradients reach the MLP
-    attn(x).square().sum().backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in attn.cpb_mlp.parameters())
-
-
-def test_bf16_bias_is_kept_with_its_table_and_only_in_bf16_inference():
-    """bf16 inference keeps the gathered bias beside the table: the values of a fresh gather
-    cast to bf16, dropped with the table on any edit, and not kept in fp32 or with autograd."""
-    torch.manual_seed(0)
-    attn = perturbed(CosineWindowAttention(16, 2, (4, 4), cpb_hidden_dims=32))
-    x = torch.randn(3, 16, 16)
-
-    def fresh():
-        return continuous_position_bias(attn.cpb_mlp, attn.relative_coords_table,
-                                        attn.relative_position_index).to(torch.bfloat16)
-
-    with torch.no_grad():
-        assert attn.position_bias() is not attn.position_bias()  # fp32: gathered per call
-        with torch.autocast('cpu', dtype=torch.bfloat16):
-            before = attn(x)
-            kept = attn.position_bias(torch.bfloat16)
-            assert attn.position_bias(torch.bfloat16) is kept
-            assert kept.dtype == torch.bfloat16 and torch.equal(kept, fresh())
-            attn.cpb_mlp[2].weight.data.mul_(1.5)  # no version bump
-            assert torch.equal(attn.position_bias(torch.bfloat16), fresh())
-            after = attn(x)
-            assert not torch.equal(after, before)
-            # not saved with the module: a copy recomputes it, with the same values
-            for twin in (pickle.loads(pickle.dumps(attn)), copy.deepcopy(attn)):
-                assert '_kept_table' not in vars(twin) and torch.equal(twin(x), after)
-            assert '_kept_table' in vars(attn)
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        bias = attn.position_bias(torch.bfloat16)
-        assert bias.requires_grad and bias is not attn.position_bias(torch.bfloat16)
-
-
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_autocast_is_finite_and_close_to_fp32(hf_narrow, dtype, tmp_path):
     """Zero-padded tokens (k = 0 at every padded position of 45x77) would give 0/0 in a fp16
@@ -616,158 +541,6 @@ def test_autocast_is_finite_and_close_to_fp32(hf_narrow, dtype, tmp_path):
         loss = sum(o.float().square().mean() for o in model(x))
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
-
-
-def _real_spans_from_gather_index(spatial, window, shift):
-    """Oracle for real_query_spans: the valid mask of window_gather_index, per window row
-    (column), reduced to the hull of the local rows (columns) holding a real token."""
-    _, valid, _ = window_gather_index(spatial, window, shift, torch.device('cpu'))
-    rows, cols = [-(-s // w) for s, w in zip(spatial, window)]
-    grid = valid.view(rows, cols, *window)
-    axes = []
-    for axis, count in ((0, rows), (1, cols)):
-        spans = []
-        for g in range(count):
-            cell = grid[g] if axis == 0 else grid[:, g]
-            local = cell.any(dim=0).any(dim=1) if axis == 0 else cell.any(dim=0).any(dim=0)
-            idx = local.nonzero().flatten().tolist()
-            spans.append((idx[0], idx[-1] + 1))
-        axes.append(spans)
-    return axes
-
-
-@pytest.mark.parametrize('spatial,shift', [((18, 28), (0, 0)), ((18, 28), (8, 8)),
-                                           ((9, 14), (0, 0)), ((72, 112), (8, 8)),
-                                           ((20, 33), (8, 8)), ((5, 3), (0, 0))])
-def test_real_query_spans_match_the_gather_index(spatial, shift):
-    window = (16, 16)
-    got = real_query_spans(spatial, window, shift)
-    want = _real_spans_from_gather_index(spatial, window, shift)
-    if got is None:  # only where every window holds real tokens at every local position
-        assert all(span == (0, w) for spans, w in zip(want, window) for span in spans)
-        return
-    for groups, spans in zip(got, want):
-        expanded = [(lo, hi) for first, stop, lo, hi in groups for _ in range(first, stop)]
-        assert expanded == spans
-    assert real_query_spans((4, 5, 6), (2, 2, 2), (0, 0, 0)) is None  # 2-D only
-
-
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_skipping_padding_queries_and_the_autograd_path_give_the_same_features(dtype,
-                                                                              monkeypatch):
-    """Inference attends the real queries only and projects real tokens only; with autograd
-    the padded windows are projected whole. HF parity runs the first; both must agree."""
-    import mmvitswin.core.layers.shifted_window as shifted_window
-    torch.manual_seed(0)
-    model = perturbed(SwinTransformerV2(**NARROW, window_size=8, drop_path_rate=0.))
-    x = torch.randn(2, 3, 72, 100)  # every stage padded, rows and columns
-    calls = []
-    spans = shifted_window.real_query_spans
-    monkeypatch.setattr(shifted_window, 'real_query_spans',
-                        lambda *a: calls.append(spans(*a)) or calls[-1])
-    with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
-        with torch.no_grad():
-            skipping = model(x)
-        assert any(c is not None for c in calls)
-        monkeypatch.setattr(shifted_window, 'real_query_spans', lambda *a: None)
-        with torch.no_grad():
-            whole = model(x)
-        with_grad = model(x)
-    for a, b, c in zip(skipping, whole, with_grad):
-        # skipping queries changes no arithmetic: the same kernel on fewer rows
-        assert max_rel_err(a.float(), b.float()) < 1e-5
-        # with autograd in bf16 the logits are bf16 products (the AMP tolerance, as above)
-        assert max_rel_err(c.float().detach(), b.float()) < (
-            1e-5 if dtype == torch.float32 else 5e-2)
-
-
-def test_padding_queries_are_skipped_on_the_cpu_only():
-    """The real-query blocks run where they were measured to pay: on the CPU (inference, and
-    with autograd :class:`_RealQueryAttention`); on any other device (``meta`` stands for
-    one here) every query is attended and the model never asks for the spans."""
-    from mmvitswin.core.layers.shifted_window import skips_padding_queries
-    cpu, other = torch.zeros(1, 4, 4, 8), torch.zeros(1, 4, 4, 8, device='meta')
-    with torch.no_grad():
-        assert skips_padding_queries(cpu) and not skips_padding_queries(other)
-    assert skips_padding_queries(cpu) and not skips_padding_queries(other)
-
-
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_q_and_k_normalised_at_the_projection_give_the_same_features(dtype, monkeypatch):
-    """Eager inference normalises q and k once, on the projected real tokens, instead of in
-    the attention per block of windows: the features must be bit-identical either way."""
-    torch.manual_seed(0)
-    model = perturbed(SwinTransformerV2(**NARROW, window_size=8, drop_path_rate=0.))
-    x = torch.randn(2, 3, 72, 100)  # every stage padded, rows and columns
-    attn = model.stages[1].blocks[1].attn.w_msa
-    tokens = torch.randn(7, 32)
-    low = dict(device_type='cpu', dtype=dtype, enabled=dtype != torch.float32)
-    with torch.no_grad(), torch.autocast(**low):
-        raw = linear(tokens, attn.qkv.weight, attn.qkv_bias()).view(7, 3, 2, 16)
-        got = attn.project(tokens).view(7, 3, 2, 16)
-        scale = attn.logit_scale.clamp(max=math.log(100.)).exp().view(2, 1)
-        assert torch.equal(got[:, 0], (unit_vectors(raw[:, 0]) * scale).to(got.dtype))
-        assert torch.equal(got[:, 1], unit_vectors(raw[:, 1]).to(got.dtype))
-        assert torch.equal(got[:, 2], raw[:, 2])
-        early = model(x)
-        monkeypatch.setattr(CosineWindowAttention, 'normalises_at_projection',
-                            lambda self, qkv: False)
-        late = model(x)
-    assert all(torch.equal(a, b) for a, b in zip(early, late))
-    monkeypatch.undo()
-    # with autograd and in fp16 the attention normalises them (in fp32 for fp16)
-    assert not attn.normalises_at_projection(raw)
-    with torch.no_grad():
-        assert attn.normalises_at_projection(raw)
-        assert not attn.normalises_at_projection(raw.half())
-
-
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize('images', [1, 2])
-def test_fused_qkv_split_and_normalisation_matches_autograd_through_the_plain_ops(dtype, images):
-    """The autograd path's head split and q/k normalisation are one function with a written-out
-    backward: the same q, k and v as splitting the windows' channels by hand, unit_vectors,
-    scaled per head and cast, and the gradients of autograd's chain through those ops (the
-    windows and the scale), a zero token (a padding key) included, whose q/k gradient is 0; a
-    second derivative is refused, not computed wrong."""
-    from mmvitswin.core.layers.cosine_window import _UnitQKV
-    torch.manual_seed(0)
-    heads, windows, n, d = 3, 4, 16, 8
-    qkv = torch.randn(images * windows, n, 3 * heads * d).to(dtype)
-    qkv[windows - 1, 5, :2 * heads * d] = 0.  # a zero token's q and k
-    qkv.requires_grad_(True)
-    log_scale = torch.randn(heads, 1, 1, requires_grad=True)
-
-    def plain(qkv, log_scale):
-        stacked = qkv.view(images, windows, n, 3, heads, d).permute(3, 0, 1, 4, 2, 5) \
-            .reshape(3, images, windows * heads, n, d)
-        q, k = unit_vectors(stacked[:2]).unbind(0)
-        q = (q.unflatten(-3, (-1, heads)) * log_scale.exp()).flatten(-4, -3)
-        return q.to(dtype), k.to(dtype), stacked[2]
-
-    got = _UnitQKV.apply(qkv, log_scale.exp(), windows, heads, 1e-12)
-    want = plain(qkv, log_scale)
-    assert all(g.dtype == dtype and g.shape == (images, windows * heads, n, d) and
-               g.is_contiguous() and torch.equal(g, w) for g, w in zip(got, want))
-    # cotangents in the layouts the attention's backward hands over: contiguous, or strided
-    cot = [torch.randn_like(t) for t in got]
-    cot[2] = torch.randn(images, windows * heads, d, n).to(dtype).transpose(-2, -1)
-    grads = torch.autograd.grad(got, (qkv, log_scale), cot)
-    expected = torch.autograd.grad(want, (qkv, log_scale), cot)
-    for g, e in zip(grads, expected):
-        assert g.dtype == e.dtype and g.shape == e.shape and torch.isfinite(g).all()
-        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5 * e.abs().max().item())
-    assert torch.equal(grads[0][windows - 1, 5, :2 * heads * d],
-                       torch.zeros_like(grads[0][windows - 1, 5, :2 * heads * d]))
-    assert torch.equal(grads[0][..., 2 * heads * d:], cot[2].view(images, windows, heads, n, d)
-                       .permute(0, 1, 3, 2, 4).reshape(images * windows, n, -1))
-    only_scale = _UnitQKV.apply(qkv.detach(), log_scale.exp(), windows, heads, 1e-12)
-    torch.testing.assert_close(torch.autograd.grad(only_scale, log_scale, cot)[0], expected[1])
-    out = _UnitQKV.apply(qkv, log_scale.exp(), windows, heads, 1e-12)
-    cot = torch.randn_like(out[0]).requires_grad_(True)
-    first, = torch.autograd.grad(out[0], qkv, cot, create_graph=True)
-    with pytest.raises(RuntimeError, match='once_differentiable'):
-        first.float().sum().backward()
 
 
 @pytest.mark.parametrize('size', [(45, 77), (20, 20)])

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from mmvitswin.core.backbones.vit_adapter_modules import (
     Injector, InteractionAdapter, MultiLevelDWConv, MultiScaleDeformableAttention, deform_inputs,
-    deformable_attention, maps_to_tokens, sample_levels, sample_levels_as_bags, tokens_to_maps)
+    deformable_attention, maps_to_tokens, sample_levels, tokens_to_maps)
 import mmvitswin.core.backbones.vit_adapter_modules as modules
 from mmvitswin.core.layers import Attention
 from conftest import max_rel_err
@@ -140,54 +140,6 @@ def test_deformable_attention_matches_bilinear_reference():
     assert max_rel_err(ours, ref) < 1e-5
     # mmcv adds ``identity``; our wrapper passes it through unchanged when given.
     assert max_rel_err(with_identity, ref + query) < 1e-5
-
-
-@pytest.mark.parametrize('batch,nq', [(2, 23), (1, 0)])
-def test_sampling_as_bags_matches_grid_sample_with_gradients(batch, nq):
-    """The two forms of the sampling core (``grid_sample`` per level, traced; weighted
-    embedding bags, eager CPU) compute one function: values and the gradients of the value,
-    the sampling locations and the attention weights, with points inside, on the border and
-    well outside every level (zeros padding), on non-square levels of odd sizes."""
-    shapes, heads, d, points = [(7, 11), (4, 6), (1, 3)], 3, 5, 2
-    gen = torch.Generator().manual_seed(3)
-    value = torch.randn(batch, sum(h * w for h, w in shapes), heads, d, generator=gen)
-    locations = torch.rand(batch, nq, heads, len(shapes), points, 2, generator=gen) * 1.6 - 0.3
-    weights = torch.rand(batch, nq, heads, len(shapes), points, generator=gen)
-    got = []
-    for core in (sample_levels, sample_levels_as_bags):
-        args = [t.clone().requires_grad_() for t in (value, locations, weights)]
-        out = core(args[0], shapes, args[1], args[2])
-        out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
-        got.append([out.detach()] + [a.grad for a in args])
-    assert got[1][0].shape == (batch, nq, heads * d)
-    if nq:
-        outside = (locations < -1 / 22) | (locations > 1 + 1 / 22)
-        assert outside.any() and (~outside).any()
-    for name, want, have in zip(('values', 'value grad', 'location grad', 'weight grad'),
-                                *got):
-        assert have.shape == want.shape, name
-        if nq:
-            assert max_rel_err(have, want) < 1e-5, name
-        else:  # no queries: empty outputs, a zero gradient for the value
-            assert torch.equal(have, want) and not have.any(), name
-
-
-def test_eager_cpu_samples_as_bags_and_tracing_with_grid_sample(monkeypatch):
-    """The attention picks its sampling core: the bags in eager CPU calls, ``grid_sample``
-    while traced (compile, export, ONNX), and both give its output."""
-    calls = []
-    for name in ('sample_levels', 'sample_levels_as_bags'):
-        core = getattr(modules, name)
-        monkeypatch.setattr(modules, name,
-                            lambda *a, _core=core, _name=name: calls.append(_name) or _core(*a))
-    attn = make_msda(DIMS, 4, 1, 2)
-    query, value = torch.randn(1, 6, DIMS), torch.randn(1, 6, DIMS)
-    inputs = deform_inputs([(2, 3)], [(2, 3)])
-    eager = deformable_attention(attn, query, value, inputs)
-    monkeypatch.setattr(modules, 'is_tracing', lambda: True)
-    traced = deformable_attention(attn, query, value, inputs)
-    assert calls == ['sample_levels_as_bags', 'sample_levels']
-    assert max_rel_err(eager, traced) < 1e-5
 
 
 def test_deform_inputs_layout():

@@ -184,16 +184,6 @@ def autocast(device_type: str, dtype: Optional[torch.dtype] = None, enabled: boo
 LOW_PRECISION: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 
 
-def as_autocast_would(t: torch.Tensor) -> torch.Tensor:
-    """``t`` cast to the autocast dtype of its device where ``t`` is fp32 and autocast is on
-    there (the values a matmul under autocast casts it to), else ``t`` itself: for callers
-    that cast early so that a copy or a gather before the matmul moves half the bytes."""
-    device = t.device.type
-    if t.dtype == torch.float32 and is_autocast_enabled(device):
-        return t.to(get_autocast_dtype(device))
-    return t
-
-
 def cast_floats(value, dtype: torch.dtype, only: Optional[Tuple[torch.dtype, ...]] = None):
     """``value`` with every floating-point tensor inside (tuples, lists, dicts) cast to
     ``dtype``; with ``only``, just the tensors whose dtype is in ``only`` (e.g.

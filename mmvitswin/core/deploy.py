@@ -3,7 +3,7 @@
 Used by ``tools/export_onnx.py`` and the tests. The exporter is ``torch.onnx.export(...,
 dynamo=True)`` (torch >= 2.5): it traces the model with ``torch.export`` and symbolic sizes,
 so the graph holds for any input size; our layers keep every size-dependent step in tensor
-ops (see ``models/layers/switch.py``), which is what makes one graph possible. Needs the
+ops (``layers/window.py``), which is what makes one graph possible. Needs the
 ``deploy`` extra: ``pip install -e .[deploy]`` (onnx, onnxscript, onnxruntime).
 """
 from typing import List, Optional, Sequence, Tuple

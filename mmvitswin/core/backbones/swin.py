@@ -14,9 +14,10 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 
-from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSA, build_act,
-                      build_layer_norm, drop_path_schedule, resize_pos_embed, resolve_arch,
-                      resolve_indices, shared_window_indices, to_tuple, validate_stages)
+from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, WindowAttention, WindowPlan,
+                      build_act, build_layer_norm, drop_path_schedule, effective_window,
+                      resize_pos_embed, resolve_arch, resolve_indices, to_tuple,
+                      validate_stages, window_plan)
 from ..utils import (ArgumentIndexError, ArgumentTypeError, ArgumentValueError, check_args,
                      check_dict, check_image_input, check_int_sequence, check_positive_int)
 from ..checkpoint.swin import SWIN_CHECKPOINTS
@@ -32,67 +33,110 @@ ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base', 'l': 'large'}
 SWIN_ARCH_KEYS = ('embed_dims', 'depths', 'num_heads')
 
 
+class ShiftWindowMSA(nn.Module):
+    """Holds a block's window attention as ``w_msa`` (mmdet's/mmseg's/mmpretrain's key names:
+    ``attn.w_msa.*``) and runs it: ``forward(x: (B, H, W, C), plan)``."""
+
+    def __init__(self, w_msa: nn.Module):
+        super().__init__()
+        self.w_msa = w_msa
+
+    def forward(self, x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
+        return self.w_msa(x, plan)
+
+
 class SwinBlock(nn.Module):
-    """Pre-norm Swin block on channels-last ``x: (B, H, W, C)``: (S)W-MSA then FFN."""
+    """Swin block on channels-last ``x: (B, *spatial, C)``: window attention, then FFN, each
+    a residual branch. The windows (pad, shift, partition, and back) come in ``plan``
+    (:func:`~mmvitswin.core.layers.window_plan`, built by the stage).
+
+    Pre-norm, ``x + drop_path(attn(norm1(x)))`` (V1, video); ``post_norm``: Swin V2's
+    ``x + drop_path(norm1(attn(x)))``. Subclasses build their own modules under their
+    checkpoints' names (``attn``, ``norm1``, ``norm2``, ``drop_path``, an MLP read by
+    :meth:`mlp_branch`); the block structure is this class's forward.
+    """
+    post_norm = False
 
     def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, window: Tuple[int, ...],
-                 shift: Tuple[int, ...], qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
                  drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
                  act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
-                 with_cp: bool = False, clamp_to_input: bool = False):
+                 with_cp: bool = False):
         super().__init__()
         self.with_cp = with_cp
         self.norm1 = build_layer_norm(norm_cfg, embed_dims)
-        self.attn = ShiftWindowMSA(embed_dims, num_heads, window, shift, qkv_bias=qkv_bias,
-                                   qk_scale=qk_scale, attn_drop=attn_drop_rate,
-                                   proj_drop=drop_rate, clamp_to_input=clamp_to_input)
+        self.attn = ShiftWindowMSA(WindowAttention(
+            embed_dims, num_heads, window, qkv_bias=qkv_bias, qk_scale=qk_scale,
+            attn_drop=attn_drop_rate, proj_drop=drop_rate))
         self.norm2 = build_layer_norm(norm_cfg, embed_dims)
         self.ffn = FFN(embed_dims, ffn_dims, drop=drop_rate, act_layer=build_act(act_cfg))
         self.drop_path = DropPath(drop_path_rate)
 
-    def _attn_branch(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop_path(self.attn(self.norm1(x)))
+    def mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn(x)
+
+    def _attn_branch(self, x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
+        if self.post_norm:
+            return self.drop_path(self.norm1(self.attn(x, plan)))
+        return self.drop_path(self.attn(self.norm1(x), plan))
 
     def _ffn_branch(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop_path(self.ffn(self.norm2(x)))
+        if self.post_norm:
+            return self.drop_path(self.norm2(self.mlp_branch(x)))
+        return self.drop_path(self.mlp_branch(self.norm2(x)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
         if self.with_cp and x.requires_grad:
-            # One checkpoint per branch: backward then recomputes half a block at a time, which
-            # roughly halves the activation peak of a whole-block checkpoint for one more
-            # saved (B, H, W, C) tensor per block.
-            x = x + cp.checkpoint(self._attn_branch, x, use_reentrant=False)
+            # one checkpoint per branch: backward recomputes half a block at a time (about
+            # half the activation peak of a whole-block checkpoint)
+            x = x + cp.checkpoint(self._attn_branch, x, plan, use_reentrant=False)
             return x + cp.checkpoint(self._ffn_branch, x, use_reentrant=False)
-        x = x + self._attn_branch(x)
+        x = x + self._attn_branch(x, plan)
         return x + self._ffn_branch(x)
 
 
 class SwinStage(nn.Module):
-    """``depth`` blocks alternating W-MSA / SW-MSA, then an optional patch merging.
+    """``depth`` blocks alternating W-MSA / SW-MSA (shift ``window // 2``), then an optional
+    patch merging.
 
-    ``forward(x: (B, H, W, C))`` returns ``(stage output (B, H, W, C), next input or None)``.
-    ``block_cls`` (default :class:`SwinBlock`) lets the video Swin reuse the stage with its
-    mmaction2-named block; it gets the same arguments.
+    ``forward(x: (B, *spatial, C))`` returns ``(stage output, next input or None)``. The two
+    window plans (unshifted, shifted: :func:`~mmvitswin.core.layers.window_plan`) are built
+    once per forward and passed to the blocks. ``clamp_to_input``: windows larger than the
+    input are clamped to it and lose their shift (the video Swin, as mmaction2); otherwise
+    small maps are padded to a full window (mmdet). ``block_cls`` (default
+    :class:`SwinBlock`) gets ``(embed_dims, num_heads, ffn_dims, window, drop_path_rate=...,
+    **block_kwargs)``.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, depth: int, window: Tuple[int, ...],
                  mlp_ratio: float, drop_path_rates: Sequence[float],
                  downsample: Optional[nn.Module] = None, block_cls: type = SwinBlock,
-                 **block_kwargs):
+                 clamp_to_input: bool = False, **block_kwargs):
         super().__init__()
-        shift = tuple(w // 2 for w in window)
-        no_shift = (0, ) * len(window)
+        self.window = tuple(window)
+        self.shift = tuple(w // 2 for w in window)
+        self.clamp_to_input = clamp_to_input
         self.blocks = nn.ModuleList([
-            block_cls(embed_dims, num_heads, int(mlp_ratio * embed_dims), window,
-                      no_shift if i % 2 == 0 else shift, drop_path_rate=drop_path_rates[i],
-                      **block_kwargs) for i in range(depth)
+            block_cls(embed_dims, num_heads, int(mlp_ratio * embed_dims), self.window,
+                      drop_path_rate=drop_path_rates[i], **block_kwargs) for i in range(depth)
         ])
         self.downsample = downsample
 
+    def window_plans(self, x: torch.Tensor) -> Tuple[WindowPlan, WindowPlan]:
+        """The (unshifted, shifted) window plans of ``x``'s spatial size."""
+        spatial = tuple(x.shape[1:-1])
+        window, shift = self.window, self.shift
+        if self.clamp_to_input:
+            window, shift = effective_window(spatial, window, shift)
+        plain = window_plan(spatial, window, (0, ) * len(window), x.device)
+        if len(self.blocks) < 2 or not any(shift):
+            return plain, plain
+        return plain, window_plan(spatial, window, shift, x.device)
+
     def forward(self, x: torch.Tensor):
-        with shared_window_indices():  # the blocks' windows have the same sizes
-            for block in self.blocks:
-                x = block(x)
+        plans = self.window_plans(x) if len(self.blocks) else ()
+        for i, block in enumerate(self.blocks):
+            x = block(x, plans[i % 2])
         return x, (self.downsample(x) if self.downsample is not None else None)
 
 
@@ -162,6 +206,14 @@ def check_mmdet_swin_layout(embed_dims, depths, num_heads, patch_size, strides, 
     """
     depths = check_int_sequence('depths', depths, low=0)
     num_heads = check_int_sequence('num_heads', num_heads, low=1)
+    if len(num_heads) > len(depths) and isinstance(out_indices, (list, tuple)) and any(
+            isinstance(i, int) and i >= len(depths) for i in out_indices):
+        # (the references cut num_heads to the stages; an output past the last stage means
+        # the two were meant to have one length)
+        raise ArgumentIndexError(f'depths ({len(depths)} stages: {depths}) and num_heads '
+                                 f'({len(num_heads)} stages: {num_heads}) must have the same '
+                                 f'length: out_indices {tuple(out_indices)} names stages past '
+                                 f'the last one of depths')
     if len(num_heads) < len(depths):
         raise ArgumentIndexError(f'num_heads must have an entry for each of the {len(depths)} '
                                  f'stages of depths={depths}, got {num_heads}')
@@ -234,7 +286,70 @@ def build_swin_stages(embed_dims: int, depths: Sequence[int], num_heads: Sequenc
     return stages
 
 
-class SwinTransformer(TransformerBackbone):
+class SwinBackbone(TransformerBackbone):
+    """What the 2-D Swins (V1 and V2) share after their constructors: the forward (patch
+    embedding, optional absolute position embedding, stages, output norms), the frozen parts
+    and layer-wise lr decay. A subclass builds ``patch_embed``, ``drop_after_pos``,
+    ``stages`` (:class:`SwinStage` s), ``norm{i}`` for ``out_indices`` and sets
+    ``use_abs_pos_embed``, ``frozen_stages``, ``depths``, ``in_channels``."""
+
+    def frozen_modules(self):
+        """Modules frozen by ``frozen_stages``, in the order mmdet freezes them."""
+        if self.frozen_stages < 0:
+            return []
+        mods = [self.patch_embed, self.drop_after_pos]
+        for i in range(1, self.frozen_stages + 1):
+            if i - 1 in self.out_indices:
+                mods.append(getattr(self, f'norm{i - 1}'))
+            mods.append(self.stages[i - 1])
+        return mods
+
+    def frozen_parameters(self):
+        if self.frozen_stages >= 0 and self.use_abs_pos_embed:
+            return [self.absolute_pos_embed]
+        return []
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of (B, C_i, H_i, W_i)."""
+        check_image_input(x, self.in_channels, model=self)
+        x, grid = self.patch_embed(x)  # (B, Hp, Wp, C)
+        if self.use_abs_pos_embed:
+            pos = resize_pos_embed(self.absolute_pos_embed, self.pretrain_grid, grid)
+            x = x + pos.view(1, grid[0], grid[1], -1)
+        x = self.drop_after_pos(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            out, x = stage(x)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(out)
+                outs.append(out.permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    # ----------------------------------------------------------------- layer-wise lr decay
+    @property
+    def num_layers_for_decay(self) -> int:
+        """Blocks counted by layer-wise lr decay: every block of every stage."""
+        return sum(self.depths)
+
+    def get_layer_depth(self, param_name: str) -> int:
+        """Layer-decay depth of a parameter (name relative to the backbone): 0 for the patch
+        embedding and absolute pos-embed, ``j + 1`` for overall block ``j`` (blocks counted
+        across stages), the patch merging of a stage with its last block, and
+        ``num_layers_for_decay + 1`` for the output norms."""
+        if param_name.startswith('patch_embed.') or param_name == 'absolute_pos_embed':
+            return 0
+        parts = param_name.split('.')
+        if len(parts) > 3 and parts[0] == 'stages' and parts[1].isdigit():
+            stage = int(parts[1])
+            before = sum(self.depths[:stage])
+            if parts[2] == 'blocks' and parts[3].isdigit():
+                return before + int(parts[3]) + 1
+            if parts[2] == 'downsample':
+                return before + self.depths[stage]
+        return self.num_layers_for_decay + 1
+
+
+class SwinTransformer(SwinBackbone):
     """Swin Transformer returning NCHW maps at strides 4/8/16/32 (for ``out_indices``; other
     ``patch_size`` / ``strides`` as mmdet's: the module docstring's output-size rule).
 
@@ -346,62 +461,6 @@ class SwinTransformer(TransformerBackbone):
             nn.init.trunc_normal_(self.absolute_pos_embed, std=0.02)
         init_linear_and_norm(self.modules())
 
-    def frozen_modules(self):
-        """Modules frozen by ``frozen_stages``, in the order mmdet freezes them."""
-        if self.frozen_stages < 0:
-            return []
-        mods = [self.patch_embed, self.drop_after_pos]
-        for i in range(1, self.frozen_stages + 1):
-            if i - 1 in self.out_indices:
-                mods.append(getattr(self, f'norm{i - 1}'))
-            mods.append(self.stages[i - 1])
-        return mods
-
-    def frozen_parameters(self):
-        if self.frozen_stages >= 0 and self.use_abs_pos_embed:
-            return [self.absolute_pos_embed]
-        return []
-
-    # ---------------------------------------------------------------------------- forward
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of (B, C_i, H_i, W_i)."""
-        check_image_input(x, self.in_channels, model=self)
-        x, grid = self.patch_embed(x)  # (B, Hp, Wp, C)
-        if self.use_abs_pos_embed:
-            pos = resize_pos_embed(self.absolute_pos_embed, self.pretrain_grid, grid)
-            x = x + pos.view(1, grid[0], grid[1], -1)
-        x = self.drop_after_pos(x)
-        outs = []
-        for i, stage in enumerate(self.stages):
-            out, x = stage(x)
-            if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(out)
-                outs.append(out.permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
-
     # ------------------------------------------------------------------------ checkpoints
     def checkpoint_family(self):
         return SWIN_CHECKPOINTS
-
-    # ----------------------------------------------------------------- layer-wise lr decay
-    @property
-    def num_layers_for_decay(self) -> int:
-        """Blocks counted by layer-wise lr decay: every block of every stage."""
-        return sum(self.depths)
-
-    def get_layer_depth(self, param_name: str) -> int:
-        """Layer-decay depth of a parameter (name relative to the backbone): 0 for the patch
-        embedding and absolute pos-embed, ``j + 1`` for overall block ``j`` (blocks counted
-        across stages), the patch merging of a stage with its last block, and
-        ``num_layers_for_decay + 1`` for the output norms."""
-        if param_name.startswith('patch_embed.') or param_name == 'absolute_pos_embed':
-            return 0
-        parts = param_name.split('.')
-        if len(parts) > 3 and parts[0] == 'stages' and parts[1].isdigit():
-            stage = int(parts[1])
-            before = sum(self.depths[:stage])
-            if parts[2] == 'blocks' and parts[3].isdigit():
-                return before + int(parts[3]) + 1
-            if parts[2] == 'downsample':
-                return before + self.depths[stage]
-        return self.num_layers_for_decay + 1

@@ -17,8 +17,7 @@ import torch
 import torch.nn as nn
 
 from ..layers import (DropPath, FcNamedFFN, PatchEmbed, WindowAttention, build_act,
-                      build_layer_norm, resolve_arch, resolve_indices, shifted_window_attention,
-                      to_tuple, validate_stages, window_and_shift)
+                      build_layer_norm, resolve_arch, resolve_indices, to_tuple, validate_stages)
 from ..checkpoint.swin3d import SWIN3D_CHECKPOINTS
 from .base import TransformerBackbone
 from ..utils import ArgumentTypeError, check_image_input, check_positive_int
@@ -26,42 +25,29 @@ from .swin import (ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS, SwinBlock, build_swin
                    check_swin_args)
 
 
-class SwinBlock3D(nn.Module):
-    """Pre-norm video Swin block on channels-last ``x: (B, T, H, W, C)``: (S)W-MSA then MLP.
-
-    Same arguments as the 2-D ``SwinBlock`` (so ``SwinStage`` builds it), but the attention
-    module is the ``WindowAttention`` itself (``attn.qkv``, ``attn.relative_position_bias_table``)
-    and the MLP is ``mlp.fc1/fc2``: mmaction2 checkpoints load without renaming. Windows are
-    clamped to the input by default, as mmaction2 does.
-    """
+class SwinBlock3D(SwinBlock):
+    """Pre-norm video Swin block on channels-last ``x: (B, T, H, W, C)``, under mmaction2's
+    names: the attention is the ``WindowAttention`` itself (``attn.qkv``,
+    ``attn.relative_position_bias_table``) and the MLP is ``mlp.fc1/fc2``, so mmaction2
+    checkpoints load without renaming."""
 
     def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, window: Tuple[int, ...],
-                 shift: Tuple[int, ...], qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
                  drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
                  act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
-                 with_cp: bool = False, clamp_to_input: bool = True):
-        super().__init__()
-        self.window, self.shift = window_and_shift(window, shift)
-        self.clamp_to_input = clamp_to_input
+                 with_cp: bool = False):
+        nn.Module.__init__(self)
         self.with_cp = with_cp
         self.norm1 = build_layer_norm(norm_cfg, embed_dims)
-        self.attn = WindowAttention(embed_dims, num_heads, self.window, qkv_bias=qkv_bias,
+        self.attn = WindowAttention(embed_dims, num_heads, window, qkv_bias=qkv_bias,
                                     qk_scale=qk_scale, attn_drop=attn_drop_rate,
                                     proj_drop=drop_rate)
         self.drop_path = DropPath(drop_path_rate)
         self.norm2 = build_layer_norm(norm_cfg, embed_dims)
-        # the shared FFN (and its fast path) under mmaction2's names mlp.fc1 / mlp.fc2
         self.mlp = FcNamedFFN(embed_dims, ffn_dims, drop=drop_rate, act_layer=build_act(act_cfg))
 
-    def _attn_branch(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop_path(
-            shifted_window_attention(self.norm1(x), self.attn, self.window, self.shift,
-                                     self.clamp_to_input))
-
-    def _ffn_branch(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop_path(self.mlp(self.norm2(x)))
-
-    forward = SwinBlock.forward  # the residual structure and per-branch checkpointing
+    def mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x)
 
 
 def validate_swin3d_config(embed_dims: int, depths: Sequence[int], num_heads: Sequence[int],
@@ -186,7 +172,7 @@ class SwinTransformer3D(TransformerBackbone):
         # Microsoft release it inflates) trained ``reduction`` with.
         self.layers = build_swin_stages(embed_dims, depths, num_heads, window,
                                         channel_order='microsoft', block_cls=SwinBlock3D,
-                                        **stage_cfg)
+                                        clamp_to_input=True, **stage_cfg)
         for i in out_indices:
             self.add_module(f'norm{i}', build_layer_norm(norm_cfg, self.num_features[i]))
         self._init_random()

@@ -32,12 +32,12 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch.nn as nn
 
 from ..checkpoint.swin_v2 import SWINV2_CHECKPOINTS
-from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, ShiftWindowMSAV2, build_act,
-                      build_layer_norm, drop_path_schedule, resolve_arch, to_tuple)
+from ..layers import (FFN, CosineWindowAttention, DropPath, PatchEmbed, PatchMerging,
+                      build_act, build_layer_norm, drop_path_schedule, resolve_arch, to_tuple)
 from ..utils import check_int_sequence, check_positive_int
-from .base import TransformerBackbone, pretrained_to_init_cfg
-from .swin import (ARCH_ALIASES, SWIN_ARCH_KEYS, SwinBlock, SwinStage, SwinTransformer,
-                   check_swin_args, validate_swin_config)
+from .base import pretrained_to_init_cfg
+from .swin import (ARCH_ALIASES, SWIN_ARCH_KEYS, ShiftWindowMSA, SwinBackbone, SwinBlock,
+                   SwinStage, check_swin_args, validate_swin_config)
 
 # The released Swin V2 models and their windows: T/S/B at 256 px with windows 8 and 16
 # (ImageNet-1K), B/L at 192 px with window 12 (ImageNet-22K) and their 256/384-px fine-tunes at
@@ -52,37 +52,27 @@ ARCH_ZOO: Dict[str, dict] = {
 }
 
 
-class SwinBlockV2(nn.Module):
+class SwinBlockV2(SwinBlock):
     """Residual post-norm Swin V2 block on channels-last ``x: (B, H, W, C)``:
-    ``x + drop_path(norm1(attn(x)))``, then ``x + drop_path(norm2(ffn(x)))``.
-
-    Same arguments as :class:`~.swin.SwinBlock` (so :class:`~.swin.SwinStage` builds it) plus
-    ``pretrained_window``; ``qk_scale`` is refused (the cosine logits have a learnt scale).
-    """
+    ``x + drop_path(norm1(attn(x)))``, then ``x + drop_path(norm2(ffn(x)))``; the attention
+    is :class:`~mmvitswin.core.layers.CosineWindowAttention` (keys ``attn.w_msa.*``).
+    ``qk_scale`` is refused (the cosine logits have a learnt scale)."""
+    post_norm = True
 
     def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, window: Tuple[int, ...],
-                 shift: Tuple[int, ...], pretrained_window: Tuple[int, ...] = (0, 0),
-                 qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0., act_cfg: Optional[dict] = None,
-                 norm_cfg: Optional[dict] = None, with_cp: bool = False,
-                 cpb_hidden_dims: int = 512):
-        super().__init__()
+                 pretrained_window: Tuple[int, ...] = (0, 0), qkv_bias: bool = True,
+                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
+                 act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
+                 with_cp: bool = False, cpb_hidden_dims: int = 512):
+        nn.Module.__init__(self)
         self.with_cp = with_cp
-        self.attn = ShiftWindowMSAV2(embed_dims, num_heads, window, shift, pretrained_window,
-                                     qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                                     proj_drop=drop_rate, cpb_hidden_dims=cpb_hidden_dims)
+        self.attn = ShiftWindowMSA(CosineWindowAttention(
+            embed_dims, num_heads, window, pretrained_window, qkv_bias=qkv_bias,
+            attn_drop=attn_drop_rate, proj_drop=drop_rate, cpb_hidden_dims=cpb_hidden_dims))
         self.norm1 = build_layer_norm(norm_cfg, embed_dims)
         self.ffn = FFN(embed_dims, ffn_dims, drop=drop_rate, act_layer=build_act(act_cfg))
         self.norm2 = build_layer_norm(norm_cfg, embed_dims)
         self.drop_path = DropPath(drop_path_rate)
-
-    def _attn_branch(self, x):
-        return self.drop_path(self.norm1(self.attn(x)))
-
-    def _ffn_branch(self, x):
-        return self.drop_path(self.norm2(self.ffn(x)))
-
-    forward = SwinBlock.forward  # the residual structure and per-branch checkpointing
 
 
 def _merging_v2(dims: int, norm_cfg: Optional[dict]) -> PatchMerging:
@@ -120,7 +110,7 @@ def per_stage_sizes(name: str, value, num_stages: int, low: int) -> Tuple[Tuple[
     return tuple((s, s) for s in sizes)
 
 
-class SwinTransformerV2(TransformerBackbone):
+class SwinTransformerV2(SwinBackbone):
     """Swin Transformer V2 returning NCHW maps at strides 4/8/16/32 (for ``out_indices``).
 
     Constructor: V1's (mmdet/mmseg ``SwinTransformer`` kwargs; no ``qk_scale``, no absolute
@@ -184,7 +174,7 @@ class SwinTransformerV2(TransformerBackbone):
         self.in_channels, self.patch_size, self.frozen_stages = in_channels, patch_size, \
             frozen_stages
         self.pretrain_img_size = to_tuple(pretrain_img_size, 2, 'pretrain_img_size')
-        self.use_abs_pos_embed = False  # no released Swin V2 has one (V1's forward reads it)
+        self.use_abs_pos_embed = False  # no released Swin V2 has one
         self.num_layers = len(depths)
         self.num_features = [int(embed_dims * 2**i) for i in range(self.num_layers)]
 
@@ -209,14 +199,6 @@ class SwinTransformerV2(TransformerBackbone):
         return tuple(self.num_features[i] for i in self.out_indices)
 
     size_divisibility = 1  # any input size: every stage pads to its windows internally
-
-    # shared with V1: same attributes, same meaning (layer decay: blocks counted across
-    # stages, a patch merging with the last block of its stage)
-    num_layers_for_decay = SwinTransformer.num_layers_for_decay
-    get_layer_depth = SwinTransformer.get_layer_depth
-    frozen_modules = SwinTransformer.frozen_modules
-    frozen_parameters = SwinTransformer.frozen_parameters
-    forward = SwinTransformer.forward
 
     def checkpoint_family(self):
         return SWINV2_CHECKPOINTS

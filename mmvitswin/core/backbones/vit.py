@@ -27,7 +27,7 @@ from ..layers import (FFN, POS_EMBED_RULES, Attention, ConvStem, DropPath, Layer
                       LayerScale, PatchEmbed, SwiGLUFFN, build_act, build_layer_norm, ceil_div,
                       is_tracing, linear_drop_path, merge_windows, pad_amount,
                       partition_windows, resize_abs_pos_embed, resize_rel_pos_1d,
-                      resolve_arch, resolve_indices, to_tuple)
+                      resolve_arch, resolve_indices, to_tuple, window_plan)
 from ..checkpoint.vit import VIT_CHECKPOINTS
 from ..checkpoint.dinov3 import DINOV3_CHECKPOINTS, is_dinov3_checkpoint
 from ..checkpoint.loading import fit_checkpoint
@@ -252,8 +252,9 @@ class ViTBlock(nn.Module):
         window = (self.window_size, self.window_size)
         # zero padding after norm1 (as ViTDet), windows by one gather each way
         shape = (b, grid[0], grid[1], c)
-        windows, index, _ = partition_windows(tokens.reshape(shape), window, (0, 0))
-        out = merge_windows(self.attn(windows, window, 0), index, shape)
+        plan = window_plan(grid, window, (0, 0), x.device)
+        windows = partition_windows(tokens.reshape(shape), plan)
+        out = merge_windows(self.attn(windows, window, 0), plan, shape)
         out = out.view(b, grid[0] * grid[1], c)
         if num_prefix:
             out = torch.cat([torch.zeros_like(prefix), out], dim=1)

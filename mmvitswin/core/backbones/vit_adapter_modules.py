@@ -61,7 +61,6 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ..layers import DropPath, build_batch_norm, is_tracing
-from ..layers.linear import Linear
 from ..utils import check_image_input
 from ..validate import check_args, check_number, check_positive_int
 
@@ -154,50 +153,6 @@ def sample_levels(value: torch.Tensor, value_shapes: Sequence[HW], locations: to
     return out.view(b, heads * d, nq).transpose(1, 2)
 
 
-def sample_levels_as_bags(value: torch.Tensor, value_shapes: Sequence[HW],
-                          locations: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """:func:`sample_levels` as one weighted ``F.embedding_bag``: the same function (same
-    arguments, same result up to fp32 rounding, gradients included), 6-7x faster on a CPU.
-
-    Each point reads the four pixels around it (``x0 = floor(x * w - 0.5)`` and ``x0 + 1``,
-    likewise in y, as ``grid_sample(align_corners=False)``); a corner outside its level gets
-    weight 0 (zeros padding) and any valid row index. Every query and head is one bag over
-    its ``levels * points * 4`` corners, whose weights are the bilinear weight times the
-    point's attention weight, summed straight out of ``value`` viewed as rows of ``d``
-    channels: no per-level copy of the value and no ``(B * heads, d, Nq, points)`` samples.
-    Eager CPU only (:func:`deformable_attention`); tracing keeps ``grid_sample``.
-    """
-    b, nv, heads, d = value.shape
-    nq, levels, points = locations.shape[1], locations.shape[3], locations.shape[4]
-    device = value.device
-
-    def per_level(values):  # broadcasts against (B, Nq, heads, levels, points)
-        return torch.tensor(values, device=device).view(levels, 1)
-
-    hs, ws = per_level([h for h, _ in value_shapes]), per_level([w for _, w in value_shapes])
-    starts = per_level([sum(h * w for h, w in value_shapes[:i]) for i in range(levels)])
-    x, y = locations[..., 0] * ws - 0.5, locations[..., 1] * hs - 0.5
-    x0, y0 = x.floor(), y.floor()
-    fx, fy = x - x0, y - y0
-    x0, y0 = x0.long(), y0.long()
-    # bilinear weights, 0 for a corner outside its level; the attention weight rides on y
-    wx0, wx1 = (1 - fx) * ((x0 >= 0) & (x0 < ws)), fx * ((x0 >= -1) & (x0 < ws - 1))
-    wy0 = (1 - fy) * weights * ((y0 >= 0) & (y0 < hs))
-    wy1 = fy * weights * ((y0 >= -1) & (y0 < hs - 1))
-    corner_weights = torch.stack((wy0 * wx0, wy0 * wx1, wy1 * wx0, wy1 * wx1), -1)
-    # row of (image, level, pixel, head) in value viewed as (B * Nv * heads, d)
-    first = ((torch.arange(b, device=device).view(b, 1, 1, 1, 1) * nv + starts) * heads
-             + torch.arange(heads, device=device).view(heads, 1, 1))
-    cols = [c.clamp(min=0).minimum(ws - 1) * heads for c in (x0, x0 + 1)]
-    rows = [r.clamp(min=0).minimum(hs - 1) * (ws * heads) + first for r in (y0, y0 + 1)]
-    index = torch.stack([r + c for r in rows for c in cols], -1)
-    bag = levels * points * 4
-    out = F.embedding_bag(index.view(b * nq * heads, bag), value.reshape(-1, d), mode='sum',
-                          per_sample_weights=corner_weights.view(b * nq * heads, bag)
-                          .to(value.dtype))
-    return out.view(b, nq, heads * d)
-
-
 def sampling_locations(reference: torch.Tensor, offsets: torch.Tensor,
                        value_shapes: Sequence[HW]) -> torch.Tensor:
     """``reference: (1, Nq, 1 or L, 2)`` normalised points plus ``offsets: (B, Nq, heads, L,
@@ -220,9 +175,8 @@ def deformable_attention(attn: 'MultiScaleDeformableAttention', query: torch.Ten
     parameters (``value_proj``, ``sampling_offsets``, ``attention_weights``, ``output_proj``)
     are used as mmcv's ``MultiScaleDeformableAttention`` uses them, with the sampling core
     (:func:`sample_levels`) in plain PyTorch on every device, so the adapter traces for
-    compile/export; eager on a CPU the same sampling runs as weighted bags
-    (:func:`sample_levels_as_bags`, 6-7x faster there). The sampling runs in fp32 (fp16
-    offsets lose sub-pixel precision); the projections follow autocast.
+    compile/export. The sampling runs in fp32 (fp16 offsets lose sub-pixel precision); the
+    projections follow autocast.
     """
     b, nq, _ = query.shape
     nv = value.shape[1]
@@ -237,9 +191,7 @@ def deformable_attention(attn: 'MultiScaleDeformableAttention', query: torch.Ten
     with torch.autocast(query.device.type, enabled=False):
         locations = sampling_locations(inputs.reference_points.float(), offsets.float(),
                                        inputs.value_shapes)
-        core = (sample_levels if is_tracing() or v.device.type != 'cpu' else
-                sample_levels_as_bags)
-        out = core(v.float(), inputs.value_shapes, locations, weights)
+        out = sample_levels(v.float(), inputs.value_shapes, locations, weights)
     out = attn.dropout(attn.output_proj(out.to(v.dtype)))
     return out if identity is None else out + identity
 
@@ -265,10 +217,10 @@ class MultiScaleDeformableAttention(nn.Module):
         self.num_heads = num_heads
         self.num_levels = num_levels
         self.num_points = num_points
-        self.sampling_offsets = Linear(embed_dims, num_heads * num_levels * num_points * 2)
-        self.attention_weights = Linear(embed_dims, num_heads * num_levels * num_points)
-        self.value_proj = Linear(embed_dims, value_dims)
-        self.output_proj = Linear(value_dims, embed_dims)
+        self.sampling_offsets = nn.Linear(embed_dims, num_heads * num_levels * num_points * 2)
+        self.attention_weights = nn.Linear(embed_dims, num_heads * num_levels * num_points)
+        self.value_proj = nn.Linear(embed_dims, value_dims)
+        self.output_proj = nn.Linear(value_dims, embed_dims)
         self.dropout = nn.Dropout(dropout)
         self.init_weights()
 
@@ -415,10 +367,10 @@ class ConvFFN(nn.Module):
 
     def __init__(self, embed_dims: int, hidden_dims: int, drop: float = 0.):
         super().__init__()
-        self.fc1 = Linear(embed_dims, hidden_dims)
+        self.fc1 = nn.Linear(embed_dims, hidden_dims)
         self.dwconv = MultiLevelDWConv(hidden_dims)
         self.act = nn.GELU()
-        self.fc2 = Linear(hidden_dims, embed_dims)
+        self.fc2 = nn.Linear(hidden_dims, embed_dims)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor, shapes: Sequence[HW]) -> torch.Tensor:

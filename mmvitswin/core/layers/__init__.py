@@ -1,34 +1,29 @@
-from .attention import Attention, WindowAttention
+from .attention import Attention, WindowAttention, attention
 from .ffn import FFN, DropPath, drop_path_schedule
 from .patch import ConvStem, PatchEmbed, PatchMerging
 from .pos_embed import grid_size, resize_pos_embed, resize_rel_pos_1d, resize_rel_pos_table
-from .shifted_window import (ShiftWindowMSA, merge_windows, partition_windows,
-                             shared_window_indices, shifted_window_attention)
-from .switch import fast_path_active, is_tracing, set_fast_path
-from .window import (ceil_div, effective_window, pad_amount, pad_to_multiple,
-                     relative_position_index, shift_window_mask, to_tuple, window_gather_index,
-                     window_partition, window_reverse)
-from .arch import (linear_drop_path, resolve_arch, resolve_indices, validate_stages,
-                   window_and_shift)
+from ..compat import is_tracing
+from .window import (WindowPlan, ceil_div, effective_window, merge_windows, pad_amount,
+                     partition_windows, relative_position_index, shift_window_mask, to_tuple,
+                     window_partition, window_plan, window_reverse)
+from .arch import linear_drop_path, resolve_arch, resolve_indices, validate_stages
 from .mlp import FcNamedFFN
 from .norm import LayerNorm2d, build_act, build_batch_norm, build_layer_norm, group_norm
 from .stems import MaxPool2dSame, StdConv2d, pad_same, same_padding, standardize_weight
-from .cosine_window import (LOGIT_SCALE_MAX, CosineWindowAttention, ShiftWindowMSAV2,
-                            continuous_position_bias, cpb_mlp, log_spaced_relative_coords,
-                            pretrained_window_of)
+from .cosine_window import (LOGIT_SCALE_MAX, CosineWindowAttention, continuous_position_bias,
+                            cpb_mlp, log_spaced_relative_coords, pretrained_window_of)
 
 __all__ = [
-    'Attention', 'WindowAttention', 'FFN', 'DropPath', 'drop_path_schedule', 'ConvStem',
-    'PatchEmbed', 'PatchMerging', 'ShiftWindowMSA', 'shared_window_indices',
-    'shifted_window_attention', 'partition_windows', 'merge_windows', 'grid_size',
-    'resize_pos_embed', 'resize_rel_pos_1d', 'resize_rel_pos_table', 'fast_path_active',
-    'is_tracing', 'set_fast_path', 'ceil_div', 'effective_window', 'pad_amount', 'pad_to_multiple',
-    'relative_position_index', 'shift_window_mask', 'to_tuple', 'window_gather_index',
-    'window_partition', 'window_reverse', 'linear_drop_path', 'resolve_arch', 'resolve_indices',
-    'validate_stages', 'window_and_shift', 'FcNamedFFN', 'LayerNorm2d', 'build_act',
+    'Attention', 'WindowAttention', 'attention', 'FFN', 'DropPath', 'drop_path_schedule',
+    'ConvStem', 'PatchEmbed', 'PatchMerging', 'WindowPlan', 'window_plan', 'partition_windows',
+    'merge_windows', 'grid_size', 'resize_pos_embed', 'resize_rel_pos_1d',
+    'resize_rel_pos_table', 'is_tracing', 'ceil_div', 'effective_window', 'pad_amount',
+    'relative_position_index', 'shift_window_mask', 'to_tuple', 'window_partition',
+    'window_reverse', 'linear_drop_path', 'resolve_arch', 'resolve_indices',
+    'validate_stages', 'FcNamedFFN', 'LayerNorm2d', 'build_act',
     'build_batch_norm', 'build_layer_norm', 'group_norm', 'MaxPool2dSame', 'StdConv2d',
     'pad_same', 'same_padding', 'standardize_weight', 'LOGIT_SCALE_MAX', 'CosineWindowAttention',
-    'ShiftWindowMSAV2', 'continuous_position_bias', 'cpb_mlp', 'log_spaced_relative_coords',
+    'continuous_position_bias', 'cpb_mlp', 'log_spaced_relative_coords',
     'pretrained_window_of'
 ]
 

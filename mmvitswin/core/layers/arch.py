@@ -10,7 +10,6 @@
 Errors are :mod:`..validate`'s classes: a ``ValueError``/``TypeError`` that is also an
 ``AssertionError`` (and an ``IndexError`` for an index or a count out of range), as the
 references they stand in for raise at the same arguments.
-- :func:`window_and_shift`: a block's window and cyclic shift as tuples, shift inside the window.
 """
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -18,8 +17,7 @@ from ..validate import (ArgumentIndexError, ArgumentTypeError, ArgumentValueErro
                         check_int_sequence, check_positive_int)
 from .ffn import drop_path_schedule
 
-__all__ = ['resolve_arch', 'resolve_indices', 'linear_drop_path', 'validate_stages',
-           'window_and_shift']
+__all__ = ['resolve_arch', 'resolve_indices', 'linear_drop_path', 'validate_stages']
 
 
 def resolve_arch(arch, zoo: Mapping[str, dict], aliases: Mapping[str, str],
@@ -106,12 +104,3 @@ def validate_stages(embed_dims, depths, num_heads, frozen_stages: int,
                                  f'number of stages; negative: none frozen), got '
                                  f'{frozen_stages!r}')
     return dict(depths=depths, num_heads=num_heads)
-
-
-def window_and_shift(window: Sequence[int], shift: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
-    """``(window, shift)`` as tuples; ValueError unless ``0 <= shift < window`` per dim."""
-    pairs = tuple(zip(tuple(window), tuple(shift)))
-    if len(pairs) != len(window) or any(not 0 <= s < w for w, s in pairs):
-        raise ArgumentValueError(f'shift {tuple(shift)} must lie in [0, window) for window '
-                                 f'{tuple(window)}')
-    return tuple(window), tuple(shift)

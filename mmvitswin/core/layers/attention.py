@@ -1,34 +1,12 @@
-"""The one multi-head attention module of the project.
+"""Multi-head attention: the one attention function, ``Attention`` and Swin's ``WindowAttention``.
 
-``Attention`` projects ``x: (..., N, C)`` to q/k/v, adds an optional additive bias (relative
-position bias, shift mask, or both) and runs ``F.scaled_dot_product_attention``; the plain
-matmul + softmax path gives the same numbers and is taken when the bias needs a gradient, for
-bf16 on CPU (where it is the faster of the two), or with ``use_sdpa=False``.
-``WindowAttention`` adds the learned N-D relative-position bias table used by Swin (2-D and
-3-D) and windowed ViT blocks.
-
-Mixed precision: in fp16 (autocast or an fp16 model) the logits and the softmax run in fp32 and
-the result is cast back, so large logits cannot overflow; bf16 has fp32's range and runs as is
-(in inference its softmax runs in fp32).
-Masked logits (Swin's shift mask adds -100, as the references do): on the explicit path, logits
-more than ``MASKED_LOGIT_FLOOR`` below their row's maximum are set to -inf before the softmax.
-Their softmax weight is under e**-80 (about 1.8e-35) either way, but left as they are those
-weights are denormal floats, and every op that reads them (softmax, the product with v, the
-backward) runs 4-35x slower on Intel's x86 CPUs (docs/benchmarks.md, "Denormal attention
-weights"). Only there (``switch.denormals_are_slow``): on AMD's Zen 4 denormals cost nothing
-extra and the drop itself made masked window attention 7-44 % slower, and GPUs have no penalty
-either. The references' -100 is kept, so a masked logit that comes within 80 of its row's
-maximum keeps its weight exactly as in the references.
-On CUDA, eager calls leave cuDNN's SDPA backend out (:func:`~..compat.sdpa_without_cudnn`):
-torch 2.11 picked it for bf16 with a mask on an H200, and it builds a plan for every new
-shape, about 10 ms per call: 344 of the 434 ms of a batch-1 SwinV2-T bf16 forward at a new
-size went to its 36 calls, against 2.6 ms at a size seen before, and the whole forward took
-12 times its seen-size time (Swin-T 4 times). In fp32, where torch takes the memory-efficient
-kernel, a new size cost about what a seen one does. With variable input sizes (multi-scale
-training, evaluation at each image's own size) almost every size is new. Traced calls
-(compile, export) leave the choice to torch.
-Nothing here keeps state between calls: the gathered bias and the per-window mask are rebuilt
-on every call (small next to the attention itself), broadcast over the batch, never stored.
+:func:`attention` is where the choice between ``F.scaled_dot_product_attention`` and the
+explicit ``softmax(q k^T * scale + bias) v`` is made, once for the whole package: SDPA unless
+the module was built with ``fused_attn=False`` (as timm's ``fused_attn`` switch). fp16 runs
+in fp32 on the explicit path (the logits could overflow); SDPA's kernels accumulate in fp32.
+On CUDA, eager calls leave cuDNN's SDPA backend out (:func:`~..compat.sdpa_without_cudnn`): it
+plans every new shape (about 10 ms a call on an H200), and detection feeds a new size almost
+every iteration.
 """
 import contextlib
 from typing import Optional, Sequence
@@ -37,191 +15,138 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compat import get_autocast_dtype, is_autocast_enabled, sdpa_without_cudnn
-from .linear import Linear
-from .switch import denormals_are_slow, is_tracing
-from .window import relative_position_index
+from ..compat import is_autocast_enabled, is_tracing, sdpa_without_cudnn
+from .window import WindowPlan, merge_windows, partition_windows, relative_position_index
 
 
-def _runs_in_fp16(q: torch.Tensor) -> bool:
-    """Whether attention on ``q`` would compute its logits in fp16."""
-    if q.dtype == torch.float16:
-        return True
-    device = q.device.type
-    return (q.dtype == torch.float32 and is_autocast_enabled(device)
-            and get_autocast_dtype(device) == torch.float16)
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              bias: Optional[torch.Tensor] = None, scale: Optional[float] = None,
+              dropout: float = 0., fused: bool = True) -> torch.Tensor:
+    """``softmax(q k^T * scale + bias) v`` for ``q, k, v: (..., N, d)`` and an additive
+    ``bias`` broadcastable to ``(..., N, N)`` (cast to q's dtype); ``scale`` defaults to
+    ``d ** -0.5``."""
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    if fused:
+        cudnn_free = q.is_cuda and not is_tracing()
+        with sdpa_without_cudnn() if cudnn_free else contextlib.nullcontext():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout,
+                                                  scale=scale)
+    if q.dtype == torch.float16:  # in fp32 (and outside autocast, which would cast back)
+        device = q.device.type
+        with torch.autocast(device, enabled=False) if is_autocast_enabled(device) else \
+                contextlib.nullcontext():
+            out = _explicit(q.float(), k.float(), v.float(),
+                            None if bias is None else bias.float(), scale, dropout)
+        return out.half()
+    return _explicit(q, k, v, bias, scale, dropout)
 
 
-# bf16 on CPU: from this many tokens per sequence on, SDPA's fused kernel (no N x N logits in
-# memory) is used; below it the explicit form (docs/benchmarks.md, "Attention in bf16").
-SDPA_BF16_CPU_MIN_TOKENS = 512
-
-# Logits this far below their row's maximum get weight 0 instead of under e**-80 (module docs).
-MASKED_LOGIT_FLOOR = 80.0
-
-
-def drop_negligible_logits_(attn: torch.Tensor) -> torch.Tensor:
-    """Set the logits of ``attn`` (in place) that lie more than ``MASKED_LOGIT_FLOOR`` below
-    their row's maximum to -inf: their softmax weights become exact zeros instead of denormal
-    floats (module docstring). The row maximum itself is never dropped, so no row is all -inf.
-    In place on a tensor autograd does not keep (the sum of the logits and the bias): the
-    backward keeps only the boolean mask."""
-    plain = attn.detach()
-    return attn.masked_fill_(plain < plain.amax(-1, keepdim=True) - MASKED_LOGIT_FLOOR,
-                             float('-inf'))
-
-
-def _sdpa_pays(q: torch.Tensor) -> bool:
-    """Whether ``F.scaled_dot_product_attention`` beats the explicit form for ``q``. Always,
-    except bf16 on CPU at window-sized sequences, where its fused kernel was measured about
-    1.4x slower than matmul + softmax (2-core AVX-512, torch 2.13); for global attention over
-    ``SDPA_BF16_CPU_MIN_TOKENS`` tokens or more it is about 3x faster (2-core Intel Xeon with
-    AMX, 576-2000 tokens), as it never holds the N x N logits. While tracing, the explicit
-    form (a size-dependent choice would be a guard, and a recompile where sizes cross it)."""
-    if not (q.dtype == torch.bfloat16 and q.device.type == 'cpu'):
-        return True
-    return not is_tracing() and q.shape[-2] >= SDPA_BF16_CPU_MIN_TOKENS
+def _explicit(q, k, v, bias, scale, dropout):
+    logits = (q * (q.shape[-1]**-0.5 if scale is None else scale)) @ k.transpose(-2, -1)
+    if bias is not None:
+        logits = logits + bias
+    weights = logits.softmax(-1)
+    if dropout:
+        weights = F.dropout(weights, dropout)
+    return weights @ v
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention over the second-to-last dim.
+    """Multi-head self-attention over the second-to-last dim of ``x: (B, N, C)``.
 
     Args:
         dim: channels C.
         num_heads: heads; ``dim`` must be divisible by it.
-        qkv_bias: add a learnable bias to q, k, v.
+        qkv_bias: a learnable bias on q, k, v.
         qk_scale: override of the default ``head_dim ** -0.5`` scale.
-        attn_drop: dropout on attention weights (training only).
+        attn_drop: dropout on the attention weights (training only).
         proj_drop: dropout after the output projection.
-        use_sdpa: use ``F.scaled_dot_product_attention`` (default) or the explicit form.
+        fused_attn: ``F.scaled_dot_product_attention`` (default) or the explicit form.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  qk_scale: Optional[float] = None, attn_drop: float = 0.,
-                 proj_drop: float = 0., use_sdpa: bool = True):
+                 proj_drop: float = 0., fused_attn: bool = True):
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f'embed_dims ({dim}) must be divisible by num_heads ({num_heads})')
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = qk_scale or self.head_dim**-0.5
-        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
-        self.proj = Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.use_sdpa = use_sdpa
+        self.fused_attn = fused_attn
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               bias: Optional[torch.Tensor], masked: bool = False) -> torch.Tensor:
-        """q, k, v: (..., heads, N, head_dim); bias broadcastable to (..., heads, N, N).
-        ``masked``: the bias holds a mask (large negative entries), whose negligible weights the
-        explicit path drops (module docstring).
-
-        SDPA unless ``use_sdpa`` is off or the bias needs a gradient: SDPA's fused CPU kernel has
-        no gradient for the mask and would fall back to its slower math path, so the explicit
-        form is used then; both give the same numbers. fp16 runs in fp32 (module docstring).
-        """
-        if _runs_in_fp16(q):
-            dtype = q.dtype if q.dtype == torch.float16 else torch.float16
-            with torch.autocast(q.device.type, enabled=False):
-                out = self._attend(q.float(), k.float(), v.float(),
-                                   None if bias is None else bias.float(), masked)
-            return out.to(dtype)
-        return self._attend(q, k, v, bias, masked)
-
-    def _attend(self, q, k, v, bias, masked=False):
-        drop = self.attn_drop if self.training else 0.
-        if self.use_sdpa and _sdpa_pays(q) and not (bias is not None and bias.requires_grad):
-            if bias is not None and bias.dtype != q.dtype:
-                bias = bias.to(q.dtype)
-            # on CUDA no per-shape cuDNN plans (module docstring)
-            with (sdpa_without_cudnn() if q.is_cuda and not is_tracing()
-                  else contextlib.nullcontext()):
-                return F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=bias, dropout_p=drop, scale=self.scale)
-        attn = q @ k.transpose(-2, -1)
-        if self.scale != 1.:  # (cosine attention scales q itself: no pass over N x N then)
-            # scaling the product in place saves keeping a scaled copy of q for backward
-            attn = attn.mul_(self.scale)
-        # Half-precision logits: in inference the softmax runs in fp32 (faster on CPU, and
-        # exact); with autograd it stays in the logits' dtype so that the probabilities kept
-        # for backward take half the memory.
-        keep_dtype = attn.requires_grad or (bias is not None and bias.requires_grad)
-        if bias is not None:
-            if keep_dtype:
-                bias = bias.to(attn.dtype)
-            if not is_tracing() and bias.dtype == attn.dtype and \
-                    torch.broadcast_shapes(bias.shape, attn.shape) == attn.shape:
-                # in place: the product's backward keeps q and k, not its output, so autograd
-                # allows it; one N x N tensor less per call. Not while tracing: comparing
-                # symbolic shapes would add guards, and the compiled graph places its
-                # buffers itself
-                attn = attn.add_(bias)
-            else:  # (a bias in another dtype promotes the logits, as before)
-                attn = attn + bias
-            if masked and denormals_are_slow(attn.device):
-                attn = drop_negligible_logits_(attn)
-        half = attn.dtype in (torch.float16, torch.bfloat16)
-        attn = attn.softmax(dim=-1, dtype=torch.float32 if half and not keep_dtype else None)
-        if drop:
-            attn = F.dropout(attn, drop, training=True)
-        return attn.to(v.dtype) @ v
-
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        """The joint q/k/v projection ``(..., C) -> (..., 3C)``."""
-        return self.qkv(x)
-
-    def project_with_zero(self, x: torch.Tensor):
-        """``(project(x), zero)``: ``zero`` is what :meth:`project` gives for an all-zero
-        token ``(3C,)``, the projection's bias (None: no bias, so zero)."""
-        return self.project(x), self.qkv.bias
-
-    def split_heads(self, qkv: torch.Tensor):
-        """qkv: (B, N, 3C) -> q, k, v: (B, heads, N, head_dim), strided views."""
-        b, n, _ = qkv.shape
-        return qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+               bias: Optional[torch.Tensor] = None, scale: Optional[float] = None):
+        """:func:`attention` with this module's scale, dropout and SDPA choice."""
+        return attention(q, k, v, bias, self.scale if scale is None else scale,
+                         self.attn_drop if self.training else 0., self.fused_attn)
 
     def qkv_heads(self, x: torch.Tensor):
         """x: (B, N, C) -> q, k, v: (B, heads, N, head_dim), strided views of one projection."""
-        return self.split_heads(self.project(x))
-
-    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
-        """out: (B, heads, N, head_dim) -> (B, N, C), before the output projection."""
-        b, _, n, _ = out.shape
-        return out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)
-
-    def output(self, out: torch.Tensor) -> torch.Tensor:
-        """The output projection (and its dropout) of merged heads ``(..., C)``."""
-        return self.proj_drop(self.proj(out))
+        b, n, _ = x.shape
+        return self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4) \
+            .unbind(0)
 
     def out_proj(self, out: torch.Tensor) -> torch.Tensor:
         """out: (B, heads, N, head_dim) -> (B, N, C) through the output projection."""
-        return self.output(self.merge_heads(out))
+        b, _, n, _ = out.shape
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, -1)))
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, N, C) -> (B, N, C). ``bias``: additive, broadcastable to (B, heads, N, N)."""
         return self.out_proj(self.attend(*self.qkv_heads(x), bias))
 
 
+def window_heads(windows: torch.Tensor, num_windows: int, num_heads: int):
+    """Projected windows ``(B * nW, N, 3C)`` -> q, k, v ``(B, nW * heads, N, d)``: windows
+    and heads share one dim, so that a per-window bias ``(1, nW * heads, N, N)`` broadcasts
+    over the images and the inputs stay 4-D (SDPA's fused kernels need 4-D)."""
+    bw, n, c3 = windows.shape
+    d = c3 // (3 * num_heads)
+    return windows.view(bw // num_windows, num_windows, n, 3, num_heads, d) \
+        .permute(3, 0, 1, 4, 2, 5).reshape(3, bw // num_windows, num_windows * num_heads, n, d) \
+        .unbind(0)
+
+
+def windows_from_heads(out: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Attention output ``(B, nW * heads, N, d)`` (any memory layout: CUDA's kernels return
+    heads interleaved) -> ``(B * nW, N, heads * d)``."""
+    n, d = out.shape[-2:]
+    return out.reshape(-1, num_heads, n, d).transpose(1, 2).reshape(-1, n, num_heads * d)
+
+
 class WindowAttention(Attention):
-    """Attention inside windows of size ``window`` (N-D) with a relative position bias.
+    """(Shifted-)window attention with Swin's learned relative-position bias (2-D or 3-D).
 
-    The bias table has ``prod(2 * w - 1)`` rows and one column per head. Its gather index is a
-    derived buffer: it is saved (mmdet/mmaction2 checkpoints carry it, and strict loading needs
-    the key) but always rebuilt from ``window`` rather than trusted from a checkpoint.
+    The bias table has ``prod(2w - 1)`` rows and one column per head; its gather index is a
+    derived buffer, saved (mmdet/mmaction2 checkpoints carry it, strict loading needs the key)
+    but always rebuilt from ``window``.
 
-    ``forward(x, mask)`` takes ``x: (B * nW, N, C)`` and an optional shift mask ``(nW, N, N)``.
+    ``forward(x: (B, *spatial, C), plan)``: q/k/v are projected on the real tokens, then
+    gathered to windows (a padding token would project to the projection's bias, which is
+    what the padding entries are filled with), attended with the bias and ``plan.mask``,
+    gathered back and projected. Same function as projecting padded windows, without the
+    padding's rows in either projection.
     """
 
-    def __init__(self, dim: int, num_heads: int, window: Sequence[int], **kwargs):
+    def __init__(self, dim: int, num_heads: int, window: Sequence[int],
+                 position_table: bool = True, **kwargs):
         super().__init__(dim, num_heads, **kwargs)
         self.window = tuple(window)
-        table_rows = 1
-        for w in self.window:
-            table_rows *= 2 * w - 1
-        self.relative_position_bias_table = nn.Parameter(torch.zeros(table_rows, num_heads))
-        self.register_buffer('relative_position_index', relative_position_index(self.window))
-        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+        # (Swin V2 computes its bias with an MLP instead, and saves no index)
+        self.register_buffer('relative_position_index', relative_position_index(self.window),
+                             persistent=position_table)
+        if position_table:
+            rows = 1
+            for w in self.window:
+                rows *= 2 * w - 1
+            self.relative_position_bias_table = nn.Parameter(torch.zeros(rows, num_heads))
+            nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + 'relative_position_index'
@@ -229,47 +154,34 @@ class WindowAttention(Attention):
             state_dict[key] = self.relative_position_index.clone()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def relative_bias(self, n: int) -> torch.Tensor:
-        """The gathered bias ``(heads, n, n)`` in the table's dtype.
-
-        ``n`` smaller than the full window (a window clamped to a small input) uses the leading
-        ``n x n`` block of the index, as mmaction2's video Swin does.
-        """
-        # narrow, not ``[:n, :n]``: the length stays ``n`` under compile (a slice's is min(n, N))
+    def gather_bias(self, table: torch.Tensor, n: int) -> torch.Tensor:
+        """``table (rows, heads)`` gathered to ``(heads, n, n)``; ``n`` below the full window
+        (a window clamped to a small input) takes the leading ``n x n`` block of the index, as
+        mmaction2 does (``narrow``, not a slice: the length stays ``n`` under compile)."""
         index = self.relative_position_index.narrow(0, 0, n).narrow(1, 0, n).reshape(-1)
-        bias = self.relative_position_bias_table.index_select(0, index).view(n, n, -1)
-        return bias.permute(2, 0, 1)
+        return table.index_select(0, index).view(n, n, -1).permute(2, 0, 1)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x: (B * nW, N, C) windows; mask: (nW, N, N) shift mask or None -> (B * nW, N, C)."""
-        return self.output(self.attend_windows(self.project(x), mask))
+    def position_bias(self, n: int) -> torch.Tensor:
+        """The relative-position bias ``(heads, n, n)``."""
+        return self.gather_bias(self.relative_position_bias_table, n)
 
-    def attend_windows(self, qkv: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                       real_queries=None) -> torch.Tensor:
-        """Attention of projected windows ``qkv: (B * nW, N, 3C)`` (mask as :meth:`forward`)
-        -> ``(B * nW, N, C)``, heads merged, before the output projection. ``real_queries``
-        (:func:`~.window.real_query_spans`) is not used here: every query is attended (the
-        windows of 7 of the V1 Swins leave little padding)."""
-        bw, n, _ = qkv.shape
-        bias = self.relative_bias(n)
-        if mask is None:
-            # q, k, v stay strided views of the projection output; a 4-D bias keeps SDPA on
-            # its fused kernel (a 3-D one would send it to the math path).
-            q, k, v = self.split_heads(qkv)
-            return self.merge_heads(self.attend(q, k, v, bias.unsqueeze(0)))
-        nw = mask.shape[0]
-        b = bw // nw
-        # One bias per window and head, (nW, heads, N, N), broadcast over the images.
-        window_bias = bias.unsqueeze(0) + mask.to(bias.dtype).unsqueeze(1)
-        qkv = qkv.view(b, nw, n, 3, self.num_heads, self.head_dim)
-        if self.use_sdpa and _sdpa_pays(qkv) and not window_bias.requires_grad:
-            # The fused kernel wants 4-D inputs: windows and heads share one dim, so the
-            # (1, nW * heads, N, N) bias broadcasts over the batch without being copied.
-            q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).reshape(3, b, nw * self.num_heads, n,
-                                                           self.head_dim).unbind(0)
-            out = self.attend(q, k, v, window_bias.reshape(1, nw * self.num_heads, n, n),
-                              masked=True)
-        else:
-            q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).unbind(0)  # (B, nW, heads, N, d) views
-            out = self.attend(q, k, v, window_bias, masked=True)
-        return self.merge_heads(out.reshape(bw, self.num_heads, n, self.head_dim))
+    def project(self, x: torch.Tensor):
+        """``(qkv, fill)``: the q/k/v projection and what it gives a zero token (its bias)."""
+        return self.qkv(x), self.qkv.bias
+
+    def attend_windows(self, windows: torch.Tensor, mask: Optional[torch.Tensor]):
+        """Projected windows ``(B * nW, N, 3C)`` and the shift mask ``(nW, N, N)`` (or None)
+        -> ``(B, nW * heads, N, d)``."""
+        nw = 1 if mask is None else mask.shape[0]
+        q, k, v = window_heads(windows, nw, self.num_heads)
+        bias = self.position_bias(windows.shape[1])
+        if mask is not None:
+            bias = bias + mask[:, None]
+        return self.attend(q, k, v, bias.reshape(1, -1, *bias.shape[-2:]))
+
+    def forward(self, x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
+        """x: (B, *spatial, C) -> (B, *spatial, C), attended in the windows of ``plan``."""
+        qkv, fill = self.project(x)
+        out = self.attend_windows(partition_windows(qkv, plan, fill), plan.mask)
+        out = merge_windows(windows_from_heads(out, self.num_heads), plan, x.shape)
+        return self.proj_drop(self.proj(out))

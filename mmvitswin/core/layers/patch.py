@@ -5,10 +5,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compat import as_autocast_would
-from .linear import Linear, linear
-from .switch import is_tracing
-from .window import pad_amount, to_tuple
+from ..compat import is_tracing
+from .window import end_pads, pad_amount, to_tuple
 
 
 class PatchEmbed(nn.Module):
@@ -40,11 +38,8 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, ...]]:
         spatial = x.shape[2:]
         pads = [pad_amount(s, p) for s, p in zip(spatial, self.patch_size)]
-        if is_tracing() or any(p != 0 for p in pads):
-            flat = []
-            for p in reversed(pads):
-                flat += [0, p]
-            x = F.pad(x, flat)
+        if is_tracing() or any(p != 0 for p in pads):  # a traced size may need padding
+            x = F.pad(x, end_pads(pads))
         x = self.conv(x)
         grid = tuple(x.shape[2:])
         x = x.flatten(2).transpose(1, 2)
@@ -109,16 +104,6 @@ def _neighbour_pairs(x: torch.Tensor, dim: int, stride: int) -> torch.Tensor:
     return x.unflatten(dim, (x.shape[dim] // stride, stride)).narrow(dim, 0, 2)
 
 
-def _neighbour_major(t: Optional[torch.Tensor], dim: int) -> Optional[torch.Tensor]:
-    """``t`` (None stays None) with its axis ``dim`` of ``4 * C`` merged channels reordered from
-    mmdet's ``[c, dy, dx]`` to ``[dy, dx, c]``: position ``j * C + i`` takes channel ``i * 4 +
-    j``. A transposed copy (as fast as gathering by an index in fp32, 6x faster in bf16), whose
-    backward is the same copy the other way (no zeroed tensor to add into)."""
-    if t is None:
-        return None
-    return t.unflatten(dim, (t.shape[dim] // 4, 4)).transpose(dim, dim + 1).flatten(dim, dim + 1)
-
-
 class PatchMerging(nn.Module):
     """Merge each 2x2 neighbourhood into one token and project 4C -> out_channels.
 
@@ -149,7 +134,7 @@ class PatchMerging(nn.Module):
         self.channel_order = channel_order
         self.norm_after = norm_after
         self.norm = nn.LayerNorm(out_channels if norm_after else 4 * in_channels)
-        self.reduction = Linear(4 * in_channels, out_channels, bias=False)
+        self.reduction = nn.Linear(4 * in_channels, out_channels, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         *lead, h, w, c = x.shape
@@ -164,27 +149,9 @@ class PatchMerging(nn.Module):
         oh, ow = x.shape[-5], x.shape[-3]
         nl = len(lead)
         hdim, dy, wdim, dx, cdim = nl, nl + 1, nl + 2, nl + 3, nl + 4
-        if self.channel_order == 'microsoft':
-            x = x.permute(*range(nl), hdim, wdim, dx, dy, cdim).reshape(*lead, oh, ow, 4 * c)
-            if self.norm_after:
-                return self.norm(self.reduction(x))
-            return self.reduction(self.norm(x))
-        # 'unfold': the neighbours are gathered as whole channel runs, [dy, dx, c] (a copy
-        # 9-40x faster than gathering [c, dy, dx], whose innermost step is C elements), and the
-        # parameters that read the merged vector take the same order instead
-        # (:func:`_neighbour_major`). The norm's statistics do not depend on the order of the
-        # channels, so the result is the same up to float rounding.
-        x = x.permute(*range(nl), hdim, wdim, dy, dx, cdim).reshape(*lead, oh, ow, 4 * c)
-        # autocast would cast the reordered copy: cast first, and reorder half the bytes (the
-        # values autocast gives; the gradient comes back through the same cast)
-        weight = _neighbour_major(as_autocast_would(self.reduction.weight), 1)
+        # the merged vector's layout, which ``reduction`` was trained against
+        order = (dx, dy, cdim) if self.channel_order == 'microsoft' else (cdim, dy, dx)
+        x = x.permute(*range(nl), hdim, wdim, *order).reshape(*lead, oh, ow, 4 * c)
         if self.norm_after:
-            return self.norm(linear(x, weight, self.reduction.bias))
-        norm = self.norm
-        if isinstance(norm, nn.LayerNorm):
-            x = F.layer_norm(x, norm.normalized_shape, _neighbour_major(norm.weight, 0),
-                             _neighbour_major(norm.bias, 0), norm.eps)
-        elif not isinstance(norm, nn.Identity):
-            raise TypeError(f'PatchMerging: norm must be nn.LayerNorm or nn.Identity, got '
-                            f'{type(norm).__name__}')
-        return linear(x, weight, self.reduction.bias)
+            return self.norm(self.reduction(x))
+        return self.reduction(self.norm(x))

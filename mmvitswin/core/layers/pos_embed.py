@@ -4,7 +4,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .switch import is_tracing
+from ..compat import is_tracing
 
 
 def resize_pos_embed(pos_embed: torch.Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .switch import is_tracing
+from ..compat import is_tracing
 
 POS_EMBED_RULES = ('bicubic', 'bicubic-antialias', 'bicubic-offset', 'bilinear')
 DINOV2_OFFSET = 0.1

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .switch import is_tracing
+from ..compat import is_tracing
 from .window import ceil_div, to_tuple
 
 IntPair = Union[int, Tuple[int, int]]

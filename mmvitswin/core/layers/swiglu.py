@@ -3,8 +3,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import Linear
-
 
 def swiglu_hidden_dims(embed_dims: int, mlp_ratio: float = 4.0) -> int:
     """DINOv2's hidden width of a SwiGLU FFN for a ``mlp_ratio`` MLP: two thirds of
@@ -25,8 +23,8 @@ class SwiGLUFFN(nn.Module):
     def __init__(self, embed_dims: int, hidden_dims: int, drop: float = 0.):
         super().__init__()
         self.hidden_dims = hidden_dims
-        self.w12 = Linear(embed_dims, 2 * hidden_dims)
-        self.w3 = Linear(hidden_dims, embed_dims)
+        self.w12 = nn.Linear(embed_dims, 2 * hidden_dims)
+        self.w3 = nn.Linear(hidden_dims, embed_dims)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

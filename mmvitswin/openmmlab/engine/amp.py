@@ -58,15 +58,6 @@ def cpu_bf16_support() -> Tuple[bool, str]:
                 found.append(label)
         except RuntimeError:  # pragma: no cover - a probe that cannot run here
             pass
-    if not found:  # older torch: read the kernel's view of the CPU
-        try:
-            with open('/proc/cpuinfo') as f:
-                flags = next((line.split(':', 1)[1].split() for line in f
-                              if line.startswith('flags')), [])
-        except OSError:
-            flags = []
-        found = [label for flag, label in (('amx_bf16', 'AMX'), ('avx512_bf16', 'AVX512-BF16'))
-                 if flag in flags]
     if found:
         return True, '+'.join(found)
     return False, 'no AMX-BF16 / AVX512-BF16 instructions'
