@@ -36,6 +36,7 @@ def test_shift_mask_equals_the_loop_built_reference(padded, window, shift):
     assert torch.equal(got, loop_shift_mask(padded, window, shift))
 
 
+@pytest.mark.slow(reason='torch.compile (Dynamo) at two sizes')
 @pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
                     'helpers needs torch >= 2.6 (see mmvitswin.core.compat)')
 def test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant():
@@ -124,6 +125,9 @@ def test_window_plans_of_random_sizes_round_trip_with_gradients(nd):
         g_want, = torch.autograd.grad(want, x, cot)
         assert torch.equal(g_got, g_want)
         assert torch.equal(merge_windows(got, plan, x.shape), x)
+        if any(shift):
+            _, padded = pad_roll_partition(x, window, shift)
+            assert torch.equal(plan.mask, loop_shift_mask(padded, window, shift))
 
 
 def test_window_plan_runs_on_the_meta_device():
@@ -238,9 +242,9 @@ def test_a_stage_builds_two_window_plans_per_forward(monkeypatch):
     built = []
     real = swin_module.window_plan
 
-    def counting(spatial, window, shift, device):
+    def counting(spatial, window, shift, device, mask_table=None):
         built.append((tuple(spatial), shift))
-        return real(spatial, window, shift, device)
+        return real(spatial, window, shift, device, mask_table)
 
     monkeypatch.setattr(swin_module, 'window_plan', counting)
     model = SwinTransformer(embed_dims=32, depths=(2, 4, 1, 2), num_heads=(1, 2, 4, 8),

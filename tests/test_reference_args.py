@@ -256,7 +256,8 @@ ROWS_2D = [
     Row(dict(depths=(1, ), num_heads=(2, ), strides=(4, ), out_indices=(0, )), 'ok'),
     # extra num_heads are ignored by the references
     Row(dict(depths=(1, 1, 1), out_indices=(0, 2)), 'ok'),
-    Row(dict(depths=(1, 1, 1)), 'IndexError', 'out_indices'),
+    # ... but with outputs past the last stage the two lengths were meant to match
+    Row(dict(depths=(1, 1, 1)), 'IndexError', 'depths (3 stages: (1, 1, 1)) and num_heads'),
     Row(dict(depths=(1, -1, 1, 1)), 'AssertionError', 'depths'),
     Row(dict(depths=(1., 1, 1, 1)), 'TypeError', 'depths'),
     Row(dict(depths=()), 'IndexError', 'depths'),

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from mmvitswin.core.backbones.vit_adapter_modules import (
     Injector, InteractionAdapter, MultiLevelDWConv, MultiScaleDeformableAttention, deform_inputs,
-    deformable_attention, maps_to_tokens, sample_levels, tokens_to_maps)
-import mmvitswin.core.backbones.vit_adapter_modules as modules
+    deformable_attention, maps_to_tokens, tokens_to_maps)
 from mmvitswin.core.layers import Attention
 from conftest import max_rel_err
 
@@ -339,6 +338,7 @@ def test_output_head_composition():
         assert max_rel_err(o, e) < 1e-5
 
 
+@pytest.mark.slow(reason='forward-backward with and without activation checkpointing')
 def test_with_cp_gives_same_values_and_grads():
     trunk = StandInTrunk()
     plain, ckpt = make_adapter(), make_adapter(with_cp=True)

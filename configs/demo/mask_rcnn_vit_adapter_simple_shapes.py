@@ -4,7 +4,7 @@
 # (_base_/mask_rcnn_shapes.py). Window attention
 # (window 8 on the 16 x 16 token grid of a 128 x 128 image) in blocks 0 and 2, decomposed
 # relative positions, and the layer-decay optimiser (mild rate: there is no pretraining).
-# See docs/benchmarks.md (ViT-Adapter).
+
 #   python tools/make_shapes.py            # data under data/shapes/ (once)
 #   python tools/train.py configs/demo/mask_rcnn_vit_adapter_simple_shapes.py
 _base_ = './_base_/mask_rcnn_shapes.py'

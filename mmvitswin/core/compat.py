@@ -113,8 +113,9 @@ def unsafe_globals_in_checkpoint(file: str) -> Optional[List[str]]:
 if TORCH_VERSION >= (2, 4):
 
     def is_autocast_enabled(device_type: str = 'cuda') -> bool:
-        """Is autocast on for ``device_type`` in this thread?"""
-        return torch.is_autocast_enabled(device_type)
+        """Is autocast on for ``device_type`` in this thread? (False on the ``meta`` device,
+        which autocast does not know.)"""
+        return device_type != 'meta' and torch.is_autocast_enabled(device_type)
 
     def get_autocast_dtype(device_type: str = 'cuda') -> torch.dtype:
         """The dtype autocast uses (or would use) on ``device_type``."""

@@ -53,7 +53,7 @@ model = dict(
     roi_head=dict(
         type='StandardRoIHead',
         # mmcv's RoIAlign values, computed as matrix products: its CPU backward was a third of
-        # the iteration (docs/benchmarks.md)
+        # the iteration
         bbox_roi_extractor=dict(
             type='SeparableRoIExtractor',
             roi_layer=dict(type='SeparableRoIAlign', output_size=7, sampling_ratio=0),
@@ -96,7 +96,7 @@ model = dict(
             pos_weight=-1,
             debug=False),
         # 300 boxes per level into NMS (the stride-4 level has 3072 anchors at 128 px): a
-        # tenth off the iteration, box mAP 0.593 against 0.569 with 500 (docs/benchmarks.md)
+        # tenth off the iteration, box mAP 0.593 against 0.569 with 500
         rpn_proposal=dict(
             nms_pre=300, max_per_img=300, nms=dict(type='nms', iou_threshold=0.7),
             min_bbox_size=0),
@@ -135,7 +135,7 @@ test_pipeline = [
 ]
 # Loading in the main process: a 128 px batch takes about 9 ms there, and a worker process on
 # two cores made the iteration slower (0.21-0.25 s against 0.27-0.31 s early in training,
-# alternating runs; docs/benchmarks.md)
+# alternating runs)
 train_dataloader = dict(
     batch_size=4,
     num_workers=0,
@@ -179,10 +179,10 @@ train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=va
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 
-# lr 2e-3: box mAP 0.569 against 0.528 with 1e-3, same code and nms_pre (docs/benchmarks.md).
+# lr 2e-3: box mAP 0.569 against 0.528 with 1e-3, same code and nms_pre.
 # GroupedOptimWrapperConstructor: mmengine's per-parameter settings in 3 param groups instead
 # of 163, and torch's fused AdamW where it has one for CPU (torch >= 2.4): the AdamW step
-# 19 -> 3.7 ms, the iteration 353 -> 325 ms (docs/benchmarks.md).
+# 19 -> 3.7 ms, the iteration 353 -> 325 ms.
 optim_wrapper = dict(
     type='OptimWrapper',
     constructor='GroupedOptimWrapperConstructor',

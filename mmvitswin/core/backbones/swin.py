@@ -16,8 +16,8 @@ import torch.utils.checkpoint as cp
 
 from ..layers import (FFN, DropPath, PatchEmbed, PatchMerging, WindowAttention, WindowPlan,
                       build_act, build_layer_norm, drop_path_schedule, effective_window,
-                      resize_pos_embed, resolve_arch, resolve_indices, to_tuple,
-                      validate_stages, window_plan)
+                      resize_pos_embed, resolve_arch, resolve_indices, shift_mask_table,
+                      to_tuple, validate_stages, window_plan)
 from ..utils import (ArgumentIndexError, ArgumentTypeError, ArgumentValueError, check_args,
                      check_dict, check_image_input, check_int_sequence, check_positive_int)
 from ..checkpoint.swin import SWIN_CHECKPOINTS
@@ -116,6 +116,9 @@ class SwinStage(nn.Module):
         self.window = tuple(window)
         self.shift = tuple(w // 2 for w in window)
         self.clamp_to_input = clamp_to_input
+        # the shift masks of this window (derived, not saved); a clamped window builds its own
+        self.register_buffer('shift_mask_table', shift_mask_table(self.window, self.shift),
+                             persistent=False)
         self.blocks = nn.ModuleList([
             block_cls(embed_dims, num_heads, int(mlp_ratio * embed_dims), self.window,
                       drop_path_rate=drop_path_rates[i], **block_kwargs) for i in range(depth)
@@ -131,7 +134,8 @@ class SwinStage(nn.Module):
         plain = window_plan(spatial, window, (0, ) * len(window), x.device)
         if len(self.blocks) < 2 or not any(shift):
             return plain, plain
-        return plain, window_plan(spatial, window, shift, x.device)
+        table = self.shift_mask_table if (window, shift) == (self.window, self.shift) else None
+        return plain, window_plan(spatial, window, shift, x.device, table)
 
     def forward(self, x: torch.Tensor):
         plans = self.window_plans(x) if len(self.blocks) else ()

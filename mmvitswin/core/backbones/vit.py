@@ -25,7 +25,7 @@ import torch.utils.checkpoint as cp
 
 from ..layers import (FFN, POS_EMBED_RULES, Attention, ConvStem, DropPath, LayerNorm2d,
                       LayerScale, PatchEmbed, SwiGLUFFN, build_act, build_layer_norm, ceil_div,
-                      is_tracing, linear_drop_path, merge_windows, pad_amount,
+                      linear_drop_path, merge_windows, pad_amount,
                       partition_windows, resize_abs_pos_embed, resize_rel_pos_1d,
                       resolve_arch, resolve_indices, to_tuple, window_plan)
 from ..checkpoint.vit import VIT_CHECKPOINTS
@@ -794,11 +794,9 @@ class ViTAdapter(VisionTransformerTrunk):
         outs = []
         for i in self.out_indices:
             stride = 4 * 2**i
-            # contiguous NCHW: LayerNorm2d leaves channels-last strides and the crop a view,
-            # and mmcv's RoIAlign (CPU) reads its input as dense NCHW memory
-            # (traced: a clone, whose layout does not hinge on whether the crop removed anything,
-            # a size-dependent fact that would otherwise become a recompile guard)
+            # dense NCHW: LayerNorm2d leaves channels-last strides and the crop a view, and
+            # mmcv's RoIAlign (CPU) reads its input as dense NCHW memory (a clone, whose
+            # layout does not hinge on whether the crop removed anything: no traced guard)
             level = crop_to(levels[i], (ceil_div(h, stride), ceil_div(w, stride)))
-            outs.append(level.clone(memory_format=torch.contiguous_format) if is_tracing()
-                        else level.contiguous())
+            outs.append(level.clone(memory_format=torch.contiguous_format))
         return tuple(outs)

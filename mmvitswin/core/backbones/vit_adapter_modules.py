@@ -666,14 +666,11 @@ class InteractionAdapter(nn.Module):
         c2, c3, c4 = tokens_to_maps(c, c_shapes)
         feats = [c1 + self.up(c2), c2, c3, c4]
         if self.add_vit_feature:
-            vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw)
-            if not is_tracing():
-                # dense NCHW before the resampling: from the tokens' channels-last strides
-                # the bilinear upsampling returns channels-last maps, and turning the stride-4
-                # one back into NCHW took 5-9x the upsampling itself (768 x H/4 x W/4 values).
-                # Not while traced: the compiler picks the layouts, and the copy's stride
-                # check put a guard on the stride-14 size (a recompile at every size).
-                vit = vit.contiguous()
+            # dense NCHW before the resampling (from the tokens' channels-last strides the
+            # upsampling would return channels-last maps, slow to turn back into NCHW); a
+            # clone, not ``contiguous()``, whose stride check would guard a traced size
+            vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw) \
+                .clone(memory_format=torch.contiguous_format)
             feats = [f + resample_by_stride(vit, s, stride, tuple(f.shape[-2:]), 32 % s == 0)
                      for f, stride in zip(feats, (4, 8, 16, 32))]
         return tuple(

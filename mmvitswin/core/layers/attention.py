@@ -5,7 +5,7 @@ explicit ``softmax(q k^T * scale + bias) v`` is made, once for the whole package
 the module was built with ``fused_attn=False`` (as timm's ``fused_attn`` switch). fp16 runs
 in fp32 on the explicit path (the logits could overflow); SDPA's kernels accumulate in fp32.
 On CUDA, eager calls leave cuDNN's SDPA backend out (:func:`~..compat.sdpa_without_cudnn`): it
-plans every new shape (about 10 ms a call on an H200), and detection feeds a new size almost
+plans every new shape (about 10 ms a call on a recent GPU), and detection feeds a new size almost
 every iteration.
 """
 import contextlib
@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compat import is_autocast_enabled, is_tracing, sdpa_without_cudnn
+from ..compat import get_autocast_dtype, is_autocast_enabled, is_tracing, sdpa_without_cudnn
 from .window import WindowPlan, merge_windows, partition_windows, relative_position_index
 
 
@@ -32,10 +32,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         with sdpa_without_cudnn() if cudnn_free else contextlib.nullcontext():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout,
                                                   scale=scale)
-    if q.dtype == torch.float16:  # in fp32 (and outside autocast, which would cast back)
-        device = q.device.type
-        with torch.autocast(device, enabled=False) if is_autocast_enabled(device) else \
-                contextlib.nullcontext():
+    device = q.device.type
+    autocast = is_autocast_enabled(device)
+    if q.dtype == torch.float16 or (autocast and get_autocast_dtype(device) == torch.float16):
+        # in fp32, outside autocast (which would cast back to fp16)
+        with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
             out = _explicit(q.float(), k.float(), v.float(),
                             None if bias is None else bias.float(), scale, dropout)
         return out.half()
@@ -102,15 +103,14 @@ class Attention(nn.Module):
         return self.out_proj(self.attend(*self.qkv_heads(x), bias))
 
 
-def window_heads(windows: torch.Tensor, num_windows: int, num_heads: int):
-    """Projected windows ``(B * nW, N, 3C)`` -> q, k, v ``(B, nW * heads, N, d)``: windows
-    and heads share one dim, so that a per-window bias ``(1, nW * heads, N, N)`` broadcasts
-    over the images and the inputs stay 4-D (SDPA's fused kernels need 4-D)."""
+def window_heads(windows: torch.Tensor, num_windows: int, num_heads: int) -> torch.Tensor:
+    """Projected windows ``(B * nW, N, 3C)`` -> q, k, v stacked, ``(3, B, nW * heads, N, d)``:
+    windows and heads share one dim, so that a per-window bias ``(1, nW * heads, N, N)``
+    broadcasts over the images and the inputs stay 4-D (SDPA's fused kernels need 4-D)."""
     bw, n, c3 = windows.shape
     d = c3 // (3 * num_heads)
     return windows.view(bw // num_windows, num_windows, n, 3, num_heads, d) \
-        .permute(3, 0, 1, 4, 2, 5).reshape(3, bw // num_windows, num_windows * num_heads, n, d) \
-        .unbind(0)
+        .permute(3, 0, 1, 4, 2, 5).reshape(3, bw // num_windows, num_windows * num_heads, n, d)
 
 
 def windows_from_heads(out: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -127,11 +127,12 @@ class WindowAttention(Attention):
     derived buffer, saved (mmdet/mmaction2 checkpoints carry it, strict loading needs the key)
     but always rebuilt from ``window``.
 
-    ``forward(x: (B, *spatial, C), plan)``: q/k/v are projected on the real tokens, then
-    gathered to windows (a padding token would project to the projection's bias, which is
-    what the padding entries are filled with), attended with the bias and ``plan.mask``,
-    gathered back and projected. Same function as projecting padded windows, without the
-    padding's rows in either projection.
+    ``forward(x: (B, *spatial, C), plan)``: q/k/v are projected on the real tokens without
+    the projection's bias, gathered to windows (padding entries 0), and the bias is added to
+    every entry (a zero padding token projects to the bias): the references' projection of
+    the padded windows, without the padding's rows in the product. Then attention with the
+    position bias and ``plan.mask``, the gather back, and the output projection on the real
+    tokens.
     """
 
     def __init__(self, dim: int, num_heads: int, window: Sequence[int],
@@ -165,15 +166,15 @@ class WindowAttention(Attention):
         """The relative-position bias ``(heads, n, n)``."""
         return self.gather_bias(self.relative_position_bias_table, n)
 
-    def project(self, x: torch.Tensor):
-        """``(qkv, fill)``: the q/k/v projection and what it gives a zero token (its bias)."""
-        return self.qkv(x), self.qkv.bias
+    def qkv_bias(self) -> Optional[torch.Tensor]:
+        """The q/k/v projection's bias ``(3C,)`` (None: none)."""
+        return self.qkv.bias
 
     def attend_windows(self, windows: torch.Tensor, mask: Optional[torch.Tensor]):
         """Projected windows ``(B * nW, N, 3C)`` and the shift mask ``(nW, N, N)`` (or None)
         -> ``(B, nW * heads, N, d)``."""
         nw = 1 if mask is None else mask.shape[0]
-        q, k, v = window_heads(windows, nw, self.num_heads)
+        q, k, v = window_heads(windows, nw, self.num_heads).unbind(0)
         bias = self.position_bias(windows.shape[1])
         if mask is not None:
             bias = bias + mask[:, None]
@@ -181,7 +182,10 @@ class WindowAttention(Attention):
 
     def forward(self, x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
         """x: (B, *spatial, C) -> (B, *spatial, C), attended in the windows of ``plan``."""
-        qkv, fill = self.project(x)
-        out = self.attend_windows(partition_windows(qkv, plan, fill), plan.mask)
+        windows = partition_windows(F.linear(x, self.qkv.weight), plan)
+        bias = self.qkv_bias()
+        if bias is not None:
+            windows = windows + bias.to(windows.dtype)
+        out = self.attend_windows(windows, plan.mask)
         out = merge_windows(windows_from_heads(out, self.num_heads), plan, x.shape)
         return self.proj_drop(self.proj(out))

@@ -109,16 +109,13 @@ class CosineWindowAttention(WindowAttention):
         return self.gather_bias(continuous_position_bias(self.cpb_mlp, self.relative_coords_table),
                                 n)
 
-    def project(self, x: torch.Tensor):
-        bias = self.qkv_bias()
-        return F.linear(x, self.qkv.weight, bias), bias
-
     def attend_windows(self, windows: torch.Tensor, mask: Optional[torch.Tensor]):
         nw = 1 if mask is None else mask.shape[0]
-        q, k, v = window_heads(windows, nw, self.num_heads)
-        # unit vectors at least in fp32: a padding key is 0, whose normalisation (and its
-        # gradient, 1 / eps) stays finite there
-        q, k = F.normalize(at_least_fp32(q), dim=-1), F.normalize(at_least_fp32(k), dim=-1)
+        qk, v = window_heads(windows, nw, self.num_heads).split((2, 1))
+        # q and k as unit vectors, at least in fp32: a padding key is 0, whose normalisation
+        # (and its gradient, 1 / eps) stays finite there
+        q, k = F.normalize(at_least_fp32(qk), dim=-1).unbind(0)
+        v = v.squeeze(0)
         scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()  # (heads, 1, 1)
         q = (q.unflatten(1, (nw, self.num_heads)) * scale).flatten(1, 2)
         bias = self.position_bias(windows.shape[1])

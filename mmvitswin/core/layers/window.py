@@ -150,11 +150,12 @@ class WindowPlan(NamedTuple):
 
 def shift_window_mask(padded: Size, window: Size, shift: Size,
                       device: torch.device) -> torch.Tensor:
-    """The additive ``(nW, N, N)`` fp32 mask of shifted windows over a map of ``padded`` size:
-    0 for token pairs from the same image region, :data:`SHIFT_MASK_FILL` otherwise. Along
-    each dim of padded length ``P`` the rolled positions fall in three regions, ``[0, P-w)``,
-    ``[P-w, P-s)`` and ``[P-s, P)`` (the references' slices); padded tokens are not masked,
-    as in mmdet/mmseg/mmaction2."""
+    """The additive ``(nW, N, N)`` fp32 mask of shifted windows over a map of ``padded`` size,
+    as the references build it: along each dim of padded length ``P`` the rolled positions
+    fall in three regions, ``[0, P-w)``, ``[P-w, P-s)`` and ``[P-s, P)``; token pairs from
+    different regions get :data:`SHIFT_MASK_FILL`, padded tokens are not masked (as in
+    mmdet/mmseg/mmaction2). The written-out definition: :func:`window_plan` takes the same
+    mask from :func:`shift_mask_table`."""
     nd = len(padded)
     label = torch.zeros((), dtype=torch.long, device=device)
     for axis, (p, w, s) in enumerate(zip(padded, window, shift)):
@@ -168,12 +169,50 @@ def shift_window_mask(padded: Size, window: Size, shift: Size,
     return torch.where(labels[:, None, :] == labels[:, :, None], 0., SHIFT_MASK_FILL)
 
 
-def window_plan(spatial: Size, window: Size, shift: Size, device: torch.device) -> WindowPlan:
+def shift_mask_table(window: Size, shift: Size) -> torch.Tensor:
+    """The shift masks a window can have, ``(2**k, N, N)`` fp32 for ``k`` shifted dims.
+
+    Only the last window along a shifted dim holds two regions (its offsets below ``w - s``
+    and from there on; every other window lies inside ``[0, P-w)``), so a window's mask
+    depends on which shifted dims it is last along, not on the map's size: entry ``t`` is the
+    mask of a window that is last along the shifted dims whose bit is set in ``t``."""
+    axes = [a for a, s in enumerate(shift) if s]
+    offsets = torch.meshgrid(*[torch.arange(w) for w in window], indexing='ij')
+    masks = []
+    for kind in range(2**len(axes)):
+        label = torch.zeros(window, dtype=torch.long)
+        for bit, axis in enumerate(axes):
+            if kind >> bit & 1:
+                label = label * 2 + (offsets[axis] >= window[axis] - shift[axis]).long()
+        label = label.flatten()
+        masks.append(torch.where(label[None, :] == label[:, None], 0., SHIFT_MASK_FILL))
+    return torch.stack(masks)
+
+
+def _window_kinds(padded: Size, window: Size, shift: Size, device) -> torch.Tensor:
+    """Each window's entry of :func:`shift_mask_table`, ``(nW,)`` long, windows row-major."""
+    grid = [cells_of(p, w) for p, w in zip(padded, window)]
+    kinds, bit = None, 0
+    for axis, (cells, s) in enumerate(zip(grid, shift)):
+        if not s:
+            continue
+        view = [1] * len(grid)
+        view[axis] = -1
+        last = (torch.arange(cells, device=device) == cells - 1).view(view)
+        term = last.long() if bit == 0 else last * (1 << bit)
+        kinds = term if kinds is None else kinds + term
+        bit += 1
+    return kinds.expand(*grid).reshape(-1)
+
+
+def window_plan(spatial: Size, window: Size, shift: Size, device: torch.device,
+                mask_table: Optional[torch.Tensor] = None) -> WindowPlan:
     """The :class:`WindowPlan` of ``pad to a multiple of window -> roll by -shift ->
     partition``: the chain run once on the token numbers (padding numbered -1), so both index
     tensors come from about ten small integer ops. The pad comes **before** the shift, as in
     mmdet/mmseg/mmaction2 and Microsoft's detection code. The roll is two slices joined (no
-    remainder by a traced size)."""
+    remainder by a traced size). The shift mask is picked per window from ``mask_table``
+    (:func:`shift_mask_table` of this window and shift, built here where not given)."""
     total = 1
     for s in spatial:
         total *= s
@@ -193,7 +232,11 @@ def window_plan(spatial: Size, window: Size, shift: Size, device: torch.device) 
     # padding entries all land in slot 0, which is dropped; every token lands once
     scatter = torch.zeros(total + 1, dtype=torch.long, device=device).scatter(
         0, flat + 1, torch.arange(flat.shape[0], device=device))[1:]
-    mask = shift_window_mask(full, window, shift, device) if any(shift) else None
+    mask = None
+    if any(shift):
+        if mask_table is None:
+            mask_table = shift_mask_table(window, shift).to(device)
+        mask = mask_table.index_select(0, _window_kinds(full, window, shift, device))
     return WindowPlan(tuple(window), flat.clamp_min(0), is_pad, scatter, mask, padded)
 
 

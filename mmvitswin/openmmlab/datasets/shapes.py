@@ -37,7 +37,7 @@ from ...core.validate import (check_bool, check_int, check_int_sequence, check_n
 
 SHAPE_CLASSES: Tuple[str, ...] = ('square', 'disc', 'triangle', 'star')
 # The demos' data (tools/make_shapes.py's defaults). 500 val images: on 100, the box mAP of one
-# trained model moved by 0.03 (std) from one 100-image draw to the next (docs/benchmarks.md).
+# trained model moved by 0.03 (std) from one 100-image draw to the next.
 DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL, DEFAULT_IMAGE_SIZE, DEFAULT_SEED = 1000, 500, (128, 128), 0
 SEG_CLASSES: Tuple[str, ...] = ('background', ) + SHAPE_CLASSES
 # RGB; background dark grey, shapes in colours that do not collide with the fill colours' mean.

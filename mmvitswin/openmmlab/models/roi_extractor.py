@@ -15,7 +15,7 @@ class SeparableRoIExtractor(SingleRoIExtractor):
 
     Its default layer is ``SeparableRoIAlign``: mmcv's ``RoIAlign`` values (``pool_mode='avg'``)
     without mmcv's slow CPU backward; it made mmdet's Mask R-CNN Swin-T iteration with ``--amp``
-    1.5x faster on a 2-core CPU (``docs/benchmarks.md``)::
+    1.5x faster on a 2-core CPU::
 
         bbox_roi_extractor=dict(
             type='SeparableRoIExtractor',
