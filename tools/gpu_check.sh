@@ -1,32 +1,36 @@
 #!/usr/bin/env bash
-# The GPU checks on a CUDA machine without network (the device tool's H200 image: Python 3.12,
-# torch 2.11+cu130, nvcc 13, transformers, timm, no OpenMMLab packages). Ran once on an H200 on
-# 2026-12-04 (571 s; docs/benchmarks.md, "On a GPU").
+# The GPU checks on a CUDA machine without network (the device tool's image: Python 3.12,
+# torch with CUDA, nvcc, transformers, timm, no OpenMMLab packages).
 #   PYTHON=.venv/bin/python tools/gpu_check.sh fetch
 #       HERE, with network: wheels + mmcv's sdist into build/gpu_check/ (about 10 MiB; the
 #       venv's python, because pip prepares mmcv's sdist metadata with torch + pkg_resources)
 #   tools/gpu_check.sh
 #       THERE, through the device tool with carry=["build/gpu_check"]; results under $OUT
 #   tools/gpu_check.sh profile
-#       THERE, nothing to carry, about 90-120 s: tools/gpu_profile.py (torch + transformers
-#       only): the window backbones' batch-1 layout check, SwinV2-T / Swin-T new- and seen-size
-#       times of the forward and the train step against HF at batch 1 (x0.4 sizes), SwinV2-T's
-#       also at batch 2 and the recipe's sizes, host syncs and profiler tables
+#       THERE, nothing to carry (torch + transformers + timm only), a few minutes: the
+#       benchmark's profile mode (tools/bench/profile.py) for SwinV2-T (ours and HF's, batch 2
+#       at the recipe's sizes) and Swin-T (ours, timm's and HF's): op groups, kernel launches
+#       and host syncs per call, the output against the CPU's; then the meta-device kernel count
 # The full check installs the carried wheels into build/gpu_check/site, compiles mmcv 2.1.0
-# with its CUDA ops for the local GPU only (323 s on the H200's 16 cores, limit 420 s; a carried
-# build/gpu_check replaces the folder there, so even a warm machine compiles again), then runs
-# the AMP tests, a short `tools/train.py --amp` Mask R-CNN run on the demo config and
-# `tools/benchmark.py --device cuda --dtype bf16`. Each step has a time limit inside a
-# 585-second deadline; $OUT/summary.txt says which passed, $OUT/steps.log has the end of each
-# step's output, $OUT/bench/ the benchmark's JSON and markdown.
+# with its CUDA ops for the local GPU only (a carried build/gpu_check replaces the folder there,
+# so even a warm machine compiles again), then runs the AMP tests, a short `tools/train.py --amp`
+# Mask R-CNN run on the demo config and `tools/benchmark.py --device cuda --dtype bf16`. Each
+# step has a time limit inside a 585-second deadline; $OUT/summary.txt says which passed,
+# $OUT/steps.log has the end of each step's output, $OUT/bench/ the benchmark's JSON and markdown.
 set -u
 cd "$(dirname "$0")/.."
 DIR=build/gpu_check
 PY=${PYTHON:-python3}
 
 if [ "${1:-}" = profile ]; then
-  exec env PYTHONUNBUFFERED=1 OUT="${OUT:-$PWD/build/gpu_profile_out}" timeout 260 $PY \
-    tools/gpu_profile.py
+  OUT=${OUT:-$PWD/build/gpu_profile_out}
+  export PYTHONUNBUFFERED=1
+  timeout 200 $PY tools/benchmark.py --profile --device cuda --profile-model swinv2_t \
+    --profile-impls ours ref --profile-batch 2 --count 3 --out-dir "$OUT/swinv2_t"
+  timeout 150 $PY tools/benchmark.py --profile --device cuda --profile-model swin_t \
+    --profile-impls ours timm hf --profile-scale 0.4 --count 3 --out-dir "$OUT/swin_t"
+  timeout 120 $PY tools/benchmark.py --count-kernels --out-dir "$OUT"
+  exit 0
 fi
 
 if [ "${1:-}" = fetch ]; then

@@ -185,6 +185,15 @@ def autocast(device_type: str, dtype: Optional[torch.dtype] = None, enabled: boo
 LOW_PRECISION: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 
 
+def autocast_off(device_type: str):
+    """A context that turns autocast off for ``device_type`` where it is on (a null context
+    elsewhere, the ``meta`` device included): for parts that must run in their inputs'
+    precision."""
+    if is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def cast_floats(value, dtype: torch.dtype, only: Optional[Tuple[torch.dtype, ...]] = None):
     """``value`` with every floating-point tensor inside (tuples, lists, dicts) cast to
     ``dtype``; with ``only``, just the tensors whose dtype is in ``only`` (e.g.
@@ -373,7 +382,7 @@ __all__ = [
     'WEIGHTS_ONLY_DEFAULT', 'SDPA_HAS_SCALE', 'COMPILE_DYNAMIC_OK', 'HAS_TORCH_EXPORT',
     'HAS_DYNAMO_ONNX_EXPORT', 'torch_at_least', 'add_safe_globals',
     'unsafe_globals_in_checkpoint', 'is_autocast_enabled', 'get_autocast_dtype', 'CPU_AUTOCAST_FP16',
-    'autocast', 'LOW_PRECISION', 'cast_floats', 'custom_fwd',
+    'autocast', 'autocast_off', 'LOW_PRECISION', 'cast_floats', 'custom_fwd',
     'custom_bwd', 'grad_scaler', 'is_compiling', 'is_exporting', 'is_tracing',
     'statically_known_true'
 ]

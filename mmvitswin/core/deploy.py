@@ -37,9 +37,10 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str,
     out_names = [f'out{i}' for i in range(len(outs))]
     name, axes = _input_names(example.dim())
     dynamic = {name: {axis: Dim.AUTO for axis in axes}}
-    torch.onnx.export(model, (example, ), path, input_names=[name], output_names=out_names,
-                      dynamic_shapes=dynamic, opset_version=opset, dynamo=True,
-                      external_data=False)
+    with torch.no_grad():  # an inference graph: no bias needs a gradient (SDPA's choice)
+        torch.onnx.export(model, (example, ), path, input_names=[name],
+                          output_names=out_names, dynamic_shapes=dynamic, opset_version=opset,
+                          dynamo=True, external_data=False)
     return out_names
 
 

@@ -60,6 +60,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
+from ..compat import autocast_off
 from ..layers import DropPath, build_batch_norm, is_tracing
 from ..utils import check_image_input
 from ..validate import check_args, check_number, check_positive_int
@@ -188,7 +189,7 @@ def deformable_attention(attn: 'MultiScaleDeformableAttention', query: torch.Ten
     offsets = attn.sampling_offsets(query).view(b, nq, heads, levels, points, 2)
     weights = attn.attention_weights(query).view(b, nq, heads, levels * points)
     weights = weights.float().softmax(-1).view(b, nq, heads, levels, points)
-    with torch.autocast(query.device.type, enabled=False):
+    with autocast_off(query.device.type):
         locations = sampling_locations(inputs.reference_points.float(), offsets.float(),
                                        inputs.value_shapes)
         out = sample_levels(v.float(), inputs.value_shapes, locations, weights)
@@ -666,11 +667,7 @@ class InteractionAdapter(nn.Module):
         c2, c3, c4 = tokens_to_maps(c, c_shapes)
         feats = [c1 + self.up(c2), c2, c3, c4]
         if self.add_vit_feature:
-            # dense NCHW before the resampling (from the tokens' channels-last strides the
-            # upsampling would return channels-last maps, slow to turn back into NCHW); a
-            # clone, not ``contiguous()``, whose stride check would guard a traced size
-            vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw) \
-                .clone(memory_format=torch.contiguous_format)
+            vit = x.transpose(1, 2).reshape(x.shape[0], self.embed_dims, *hw)
             feats = [f + resample_by_stride(vit, s, stride, tuple(f.shape[-2:]), 32 % s == 0)
                      for f, stride in zip(feats, (4, 8, 16, 32))]
         return tuple(

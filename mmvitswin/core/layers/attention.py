@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compat import get_autocast_dtype, is_autocast_enabled, is_tracing, sdpa_without_cudnn
+from ..compat import (autocast_off, get_autocast_dtype, is_autocast_enabled, is_tracing,
+                      sdpa_without_cudnn)
 from .window import WindowPlan, merge_windows, partition_windows, relative_position_index
 
 
@@ -33,10 +34,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout,
                                                   scale=scale)
     device = q.device.type
-    autocast = is_autocast_enabled(device)
-    if q.dtype == torch.float16 or (autocast and get_autocast_dtype(device) == torch.float16):
+    if q.dtype == torch.float16 or (is_autocast_enabled(device)
+                                    and get_autocast_dtype(device) == torch.float16):
         # in fp32, outside autocast (which would cast back to fp16)
-        with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
+        with autocast_off(device):
             out = _explicit(q.float(), k.float(), v.float(),
                             None if bias is None else bias.float(), scale, dropout)
         return out.half()
@@ -96,7 +97,8 @@ class Attention(nn.Module):
     def out_proj(self, out: torch.Tensor) -> torch.Tensor:
         """out: (B, heads, N, head_dim) -> (B, N, C) through the output projection."""
         b, _, n, _ = out.shape
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, -1)))
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, self.num_heads *
+                                                                     self.head_dim)))
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, N, C) -> (B, N, C). ``bias``: additive, broadcastable to (B, heads, N, N)."""

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..compat import is_autocast_enabled
+from ..compat import autocast_off
 from .attention import WindowAttention, window_heads
 
 __all__ = ['LOGIT_SCALE_MAX', 'log_spaced_relative_coords', 'pretrained_window_of', 'cpb_mlp',
@@ -59,11 +59,8 @@ def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
 def continuous_position_bias(mlp: nn.Module, coords: torch.Tensor) -> torch.Tensor:
     """``16 * sigmoid(mlp(coords))``: the ``(rows, heads)`` bias table, at least in fp32, also
     under autocast (the bias is small and bounded; low precision would round it)."""
-    device = coords.device.type
-    if is_autocast_enabled(device):
-        with torch.autocast(device, enabled=False):
-            return 16. * torch.sigmoid(at_least_fp32(mlp(coords)))
-    return 16. * torch.sigmoid(at_least_fp32(mlp(coords)))
+    with autocast_off(coords.device.type):
+        return 16. * torch.sigmoid(at_least_fp32(mlp(coords)))
 
 
 class CosineWindowAttention(WindowAttention):
