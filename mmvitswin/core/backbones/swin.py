@@ -45,32 +45,17 @@ class ShiftWindowMSA(nn.Module):
         return self.w_msa(x, plan)
 
 
-class SwinBlock(nn.Module):
-    """Swin block on channels-last ``x: (B, *spatial, C)``: window attention, then FFN, each
-    a residual branch. The windows (pad, shift, partition, and back) come in ``plan``
+class SwinBlockBase(nn.Module):
+    """The Swin block on channels-last ``x: (B, *spatial, C)``: window attention, then MLP,
+    each a residual branch; the windows (pad, shift, partition, and back) come in ``plan``
     (:func:`~mmvitswin.core.layers.window_plan`, built by the stage).
 
-    Pre-norm, ``x + drop_path(attn(norm1(x)))`` (V1, video); ``post_norm``: Swin V2's
-    ``x + drop_path(norm1(attn(x)))``. Subclasses build their own modules under their
-    checkpoints' names (``attn``, ``norm1``, ``norm2``, ``drop_path``, an MLP read by
-    :meth:`mlp_branch`); the block structure is this class's forward.
+    Pre-norm, ``x + drop_path(attn(norm1(x)))`` (V1, video), or with ``post_norm`` Swin V2's
+    ``x + drop_path(norm1(attn(x)))``. A subclass builds its modules under its checkpoints'
+    names: ``attn`` (called as ``attn(x, plan)``), ``norm1``, ``norm2``, ``drop_path``, an MLP
+    that :meth:`mlp_branch` runs, and sets ``with_cp``.
     """
     post_norm = False
-
-    def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, window: Tuple[int, ...],
-                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
-                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
-                 act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
-                 with_cp: bool = False):
-        super().__init__()
-        self.with_cp = with_cp
-        self.norm1 = build_layer_norm(norm_cfg, embed_dims)
-        self.attn = ShiftWindowMSA(WindowAttention(
-            embed_dims, num_heads, window, qkv_bias=qkv_bias, qk_scale=qk_scale,
-            attn_drop=attn_drop_rate, proj_drop=drop_rate))
-        self.norm2 = build_layer_norm(norm_cfg, embed_dims)
-        self.ffn = FFN(embed_dims, ffn_dims, drop=drop_rate, act_layer=build_act(act_cfg))
-        self.drop_path = DropPath(drop_path_rate)
 
     def mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
         return self.ffn(x)
@@ -93,6 +78,25 @@ class SwinBlock(nn.Module):
             return x + cp.checkpoint(self._ffn_branch, x, use_reentrant=False)
         x = x + self._attn_branch(x, plan)
         return x + self._ffn_branch(x)
+
+
+class SwinBlock(SwinBlockBase):
+    """The V1 Swin block under mmdet's/mmseg's names (``attn.w_msa.*``, ``ffn.layers.*``)."""
+
+    def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, window: Tuple[int, ...],
+                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
+                 act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
+                 with_cp: bool = False):
+        super().__init__()
+        self.with_cp = with_cp
+        self.norm1 = build_layer_norm(norm_cfg, embed_dims)
+        self.attn = ShiftWindowMSA(WindowAttention(
+            embed_dims, num_heads, window, qkv_bias=qkv_bias, qk_scale=qk_scale,
+            attn_drop=attn_drop_rate, proj_drop=drop_rate))
+        self.norm2 = build_layer_norm(norm_cfg, embed_dims)
+        self.ffn = FFN(embed_dims, ffn_dims, drop=drop_rate, act_layer=build_act(act_cfg))
+        self.drop_path = DropPath(drop_path_rate)
 
 
 class SwinStage(nn.Module):

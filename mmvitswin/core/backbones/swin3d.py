@@ -21,11 +21,11 @@ from ..layers import (DropPath, FcNamedFFN, PatchEmbed, WindowAttention, build_a
 from ..checkpoint.swin3d import SWIN3D_CHECKPOINTS
 from .base import TransformerBackbone
 from ..utils import ArgumentTypeError, check_image_input, check_positive_int
-from .swin import (ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS, SwinBlock, build_swin_stages,
+from .swin import (ARCH_ALIASES, ARCH_ZOO, SWIN_ARCH_KEYS, SwinBlockBase, build_swin_stages,
                    check_swin_args)
 
 
-class SwinBlock3D(SwinBlock):
+class SwinBlock3D(SwinBlockBase):
     """Pre-norm video Swin block on channels-last ``x: (B, T, H, W, C)``, under mmaction2's
     names: the attention is the ``WindowAttention`` itself (``attn.qkv``,
     ``attn.relative_position_bias_table``) and the MLP is ``mlp.fc1/fc2``, so mmaction2
@@ -36,7 +36,7 @@ class SwinBlock3D(SwinBlock):
                  drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
                  act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
                  with_cp: bool = False):
-        nn.Module.__init__(self)
+        super().__init__()
         self.with_cp = with_cp
         self.norm1 = build_layer_norm(norm_cfg, embed_dims)
         self.attn = WindowAttention(embed_dims, num_heads, window, qkv_bias=qkv_bias,

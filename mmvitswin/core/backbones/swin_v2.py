@@ -36,7 +36,7 @@ from ..layers import (FFN, CosineWindowAttention, DropPath, PatchEmbed, PatchMer
                       build_act, build_layer_norm, drop_path_schedule, resolve_arch, to_tuple)
 from ..utils import check_int_sequence, check_positive_int
 from .base import pretrained_to_init_cfg
-from .swin import (ARCH_ALIASES, SWIN_ARCH_KEYS, ShiftWindowMSA, SwinBackbone, SwinBlock,
+from .swin import (ARCH_ALIASES, SWIN_ARCH_KEYS, ShiftWindowMSA, SwinBackbone, SwinBlockBase,
                    SwinStage, check_swin_args, validate_swin_config)
 
 # The released Swin V2 models and their windows: T/S/B at 256 px with windows 8 and 16
@@ -52,7 +52,7 @@ ARCH_ZOO: Dict[str, dict] = {
 }
 
 
-class SwinBlockV2(SwinBlock):
+class SwinBlockV2(SwinBlockBase):
     """Residual post-norm Swin V2 block on channels-last ``x: (B, H, W, C)``:
     ``x + drop_path(norm1(attn(x)))``, then ``x + drop_path(norm2(ffn(x)))``; the attention
     is :class:`~mmvitswin.core.layers.CosineWindowAttention` (keys ``attn.w_msa.*``).
@@ -64,7 +64,7 @@ class SwinBlockV2(SwinBlock):
                  drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
                  act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None,
                  with_cp: bool = False, cpb_hidden_dims: int = 512):
-        nn.Module.__init__(self)
+        super().__init__()
         self.with_cp = with_cp
         self.attn = ShiftWindowMSA(CosineWindowAttention(
             embed_dims, num_heads, window, pretrained_window, qkv_bias=qkv_bias,

@@ -128,7 +128,8 @@ class PatchMerging(nn.Module):
                  stride=2, channel_order: str = 'unfold', norm_after: bool = False):
         super().__init__()
         if channel_order not in ('unfold', 'microsoft'):
-            raise ValueError(f"channel_order must be 'unfold' or 'microsoft', got {channel_order!r}")
+            raise ValueError(f"channel_order must be 'unfold' or 'microsoft', got "
+                             f'{channel_order!r}')
         self.stride = to_tuple(stride, 2, 'stride')
         out_channels = out_channels or 2 * in_channels
         self.channel_order = channel_order
