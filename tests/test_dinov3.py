@@ -11,8 +11,17 @@ Our ``ViTAdapter(arch='dinov3-b', ...)`` loads each through ``init_cfg`` and rep
 oracle's patch tokens (after its final norm) at several sizes: the RoPE is defined for any
 grid, so every size is compared directly (sizes are multiples of the patch: HF drops a partial
 last patch, we pad it; padding is tested on its own).
+
+The ViT-7B (``arch='dinov3-7b'``) is checked at full size on the meta device (shapes against
+HF's 7B config, parameter count) and as a narrow stand-in of the same structure (SwiGLU at
+twice the width, no q/k/v bias) saved as the hub ships it: a two-shard HF snapshot with its
+``model.safetensors.index.json``, Meta's layout with bf16-rounded RoPE periods and the
+training-only ``local_cls_norm``, and timm's.
 """
+import json
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,27 +85,36 @@ def hf_state(model) -> dict:
             for k, v in model.state_dict().items()}
 
 
-def to_meta(model) -> dict:
+def to_meta(model, periods_dtype: torch.dtype = torch.float32,
+            local_cls_norm: bool = False) -> dict:
+    """Meta's layout. ``periods_dtype=torch.bfloat16``: the RoPE periods rounded to bf16, as
+    Meta's released files hold them; ``local_cls_norm``: the 7B's training-only norm of the
+    local crops' CLS/register tokens (``untie_global_and_local_cls_norm``). A model without
+    q/v biases (the 7B) has no ``qkv.bias`` and no ``bias_mask``, as Meta's ``qkv_bias=False``."""
     sd = hf_state(model)
     dim = model.config.hidden_size
+    periods = rope_periods(dim // model.config.num_attention_heads, model.config.rope_theta)
     out = {'cls_token': sd['embeddings.cls_token'],
            'storage_tokens': sd['embeddings.register_tokens'],
            'mask_token': sd['embeddings.mask_token'].reshape(1, dim),
            'patch_embed.proj.weight': sd['embeddings.patch_embeddings.weight'],
            'patch_embed.proj.bias': sd['embeddings.patch_embeddings.bias'],
-           'rope_embed.periods': rope_periods(dim // model.config.num_attention_heads,
-                                              model.config.rope_theta),
+           'rope_embed.periods': periods.to(periods_dtype),
            'norm.weight': sd['norm.weight'], 'norm.bias': sd['norm.bias']}
+    if local_cls_norm:  # random: it must not reach the features
+        out['local_cls_norm.weight'] = torch.randn(dim)
+        out['local_cls_norm.bias'] = torch.randn(dim)
     for i in range(model.config.num_hidden_layers):
         p = f'layer.{i}.'
         b = f'blocks.{i}.'
         att = p + 'attention.'
         out[b + 'attn.qkv.weight'] = torch.cat([sd[att + f'{n}_proj.weight'] for n in 'qkv'])
-        # Meta stores a key bias (random here) and masks it out at run time
-        out[b + 'attn.qkv.bias'] = torch.cat([sd[att + 'q_proj.bias'], torch.randn(dim),
-                                              sd[att + 'v_proj.bias']])
-        out[b + 'attn.qkv.bias_mask'] = torch.cat([torch.ones(dim), torch.zeros(dim),
-                                                   torch.ones(dim)])
+        if att + 'q_proj.bias' in sd:
+            # Meta stores a key bias (random here) and masks it out at run time
+            out[b + 'attn.qkv.bias'] = torch.cat([sd[att + 'q_proj.bias'], torch.randn(dim),
+                                                  sd[att + 'v_proj.bias']])
+            out[b + 'attn.qkv.bias_mask'] = torch.cat([torch.ones(dim), torch.zeros(dim),
+                                                       torch.ones(dim)])
         for name in ('weight', 'bias'):
             out[b + f'attn.proj.{name}'] = sd[att + f'o_proj.{name}']
             out[b + f'norm1.{name}'] = sd[p + f'norm1.{name}']
@@ -116,8 +134,9 @@ def to_timm(model) -> dict:
     meta = to_meta(model)
     out = {}
     for k, v in meta.items():
-        if k.endswith(('bias_mask', 'periods')) or k == 'mask_token':
-            continue
+        if k.endswith(('bias_mask', 'periods')) or k.startswith('local_cls_norm.') or \
+                k == 'mask_token':
+            continue  # timm's filter discards them
         if k.endswith('attn.qkv.bias'):
             q, _, vb = v.chunk(3)
             out[k.replace('qkv.bias', 'q_bias')] = q
@@ -256,6 +275,147 @@ def test_released_size_dinov3_b_preset_reproduces_hf(tmp_path):
         with torch.no_grad():
             (got, ) = model.eval()(x)
         assert max_rel_err(got, hf_patch_tokens(oracle, x)) < 1e-5
+
+
+# ------------------------------------------------------------------- ViT-7B (dinov3-7b)
+# The released 7B's structure (HF facebook/dinov3-vit7b16-pretrain-lvd1689m: hidden 4096,
+# intermediate 8192, 40 layers, 32 heads, query/key/value bias off, gated SiLU MLP, 4 registers,
+# rope_theta 100, eps 1e-5; Meta's dinov3_vit7b16: qkv_bias=False, 'swiglu64', untied local CLS
+# norm; timm vit_7b_patch16_dinov3) with narrow widths: 64 wide, 2 heads of 32, 3 blocks.
+SEVEN_B = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+               num_register_tokens=4, patch_size=16, image_size=64, layerscale_value=0.5,
+               use_gated_mlp=True, hidden_act='silu', query_bias=False, key_bias=False,
+               value_bias=False, proj_bias=True, mlp_bias=True, layer_norm_eps=1e-5,
+               rope_theta=100.0)
+SEVEN_B_SIZES = [(80, 112), (176, 48)]  # odd, non-square grids (5 x 7, 11 x 3)
+
+
+def narrow_7b(**overrides) -> ViTAdapter:
+    """The 'dinov3-7b' preset with only the widths narrowed: SwiGLU at twice the width, no
+    q/k/v bias, registers, LayerScale, RoPE and norms all come from the preset."""
+    return ViTAdapter(**dict(dict(arch='dinov3-7b', embed_dims=64, num_layers=3, num_heads=2),
+                             **overrides))
+
+
+def save_sharded_snapshot(model, root, shards: int = 2) -> str:
+    """An HF snapshot as the hub ships the 7B: ``config.json``, ``model-0000i-of-0000n
+    .safetensors`` shards and ``model.safetensors.index.json`` (``weight_map``: key -> shard)."""
+    root.mkdir()
+    model.config.save_pretrained(str(root))
+    sd = hf_state(model)
+    keys = list(sd)
+    step = -(-len(keys) // shards)
+    weight_map = {}
+    for i in range(shards):
+        name = f'model-{i + 1:05d}-of-{shards:05d}.safetensors'
+        part = keys[i * step:(i + 1) * step]
+        safetensors_torch.save_file({k: sd[k] for k in part}, str(root / name),
+                                    metadata={'format': 'pt'})
+        weight_map.update((k, name) for k in part)
+    total = sum(v.numel() * v.element_size() for v in sd.values())
+    (root / 'model.safetensors.index.json').write_text(json.dumps(
+        {'metadata': {'total_size': total}, 'weight_map': weight_map}))
+    return str(root)
+
+
+@pytest.fixture(scope='module')
+def seven_b(tmp_path_factory):
+    """The narrow 7B-structured HF oracle and its files: a sharded HF snapshot, Meta's layout
+    (bf16-rounded periods, the local CLS norm, no qkv bias) and timm's."""
+    root = tmp_path_factory.mktemp('dinov3_7b')
+    oracle = randomise(transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(**SEVEN_B)))
+    meta = root / 'dinov3_vit7b16_narrow_pretrain.pth'
+    torch.save(to_meta(oracle, periods_dtype=torch.bfloat16, local_cls_norm=True), str(meta))
+    timm = root / 'vit_7b_patch16_dinov3_narrow.safetensors'
+    safetensors_torch.save_file(to_timm(oracle), str(timm))
+    files = {'hf-sharded': save_sharded_snapshot(oracle, root / 'hf'), 'meta': str(meta),
+             'timm': str(timm)}
+    return oracle, files
+
+
+def test_dinov3_7b_preset_is_the_released_model():
+    """Full size on the meta device (no memory): HF's 7B config converted through our DINOv3
+    family gives exactly our preset's tensors and shapes (HF's mask_token aside), and the
+    parameter count is Meta's 6,716 M (dinov3#13)."""
+    from mmvitswin.core.checkpoint.dinov3 import convert_dinov3_state_dict
+    cfg = transformers.DINOv3ViTConfig(**dict(SEVEN_B, hidden_size=4096, intermediate_size=8192,
+                                              num_hidden_layers=40, num_attention_heads=32,
+                                              image_size=224, layerscale_value=1.0))
+    with torch.device('meta'):
+        hf = transformers.DINOv3ViTModel(cfg)
+        ours = ViTAdapter(arch='dinov3-7b')
+    assert (ours.embed_dims, ours.num_layers, ours.num_heads, ours.ffn_type,
+            ours.feedforward_channels) == (4096, 40, 32, 'swiglu', 8192)
+    assert ours.blocks[0].attn.qkv.bias is None and ours.rope_theta == 100.0
+    assert ours.num_register_tokens == 4 and ours.pos_embed is None and ours.norm_eps == 1e-5
+    assert sum(p.numel() for p in ours.parameters()) == 6_716_030_976
+    converted, fmt = convert_dinov3_state_dict(hf_state(hf))
+    assert fmt == 'hf'
+    assert {k: v.shape for k, v in converted.items()} == {
+        k: v.shape for k, v in ours.state_dict().items()}
+
+
+@pytest.mark.parametrize('fmt', ['hf-sharded', 'meta', 'timm'])
+def test_dinov3_7b_structure_reproduces_hf_from_each_layout(seven_b, fmt):
+    oracle, files = seven_b
+    if fmt == 'hf-sharded':  # the fixture is what it claims: two shards and their index
+        index = json.loads(Path(files[fmt], 'model.safetensors.index.json').read_text())
+        assert len(set(index['weight_map'].values())) == 2
+    model = narrow_7b(init_cfg=dict(type='Pretrained', checkpoint=files[fmt]))
+    assert model.blocks[0].attn.qkv.bias is None and model.feedforward_channels == 128
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # every tensor used, none missing
+        model.init_weights()
+    model.eval()
+    for size in SEVEN_B_SIZES:
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            (got, ) = model(x)
+        want = hf_patch_tokens(oracle, x)
+        assert got.shape == want.shape == (2, 64, size[0] // 16, size[1] // 16)
+        assert max_rel_err(got, want) < 1e-5, (fmt, size)
+
+
+@pytest.mark.parametrize('fmt, overrides, field', [
+    ('hf-sharded', dict(mlp_ratio=4.0), 'feedforward_channels'),
+    ('hf-sharded', dict(num_layers=2), 'num_layers'),
+    ('hf-sharded', dict(ffn_type='mlp'), 'ffn_type'),
+    ('meta', dict(num_heads=4), 'num_heads'),
+    ('meta', dict(rope_theta=1000.0), 'rope_theta'),
+    ('timm', dict(num_register_tokens=0), 'num_register_tokens'),
+])
+def test_dinov3_7b_mismatch_is_a_named_error(seven_b, fmt, overrides, field):
+    _, files = seven_b
+    model = narrow_7b(init_cfg=dict(type='Pretrained', checkpoint=files[fmt]), **overrides)
+    with pytest.raises(CheckpointError, match=field):
+        model.init_weights()
+
+
+def test_dinov3_with_qv_bias_into_the_7b_preset_is_refused(tmp_path):
+    """An S+/H+-style file (non-zero q/v biases) does not fit the bias-free 7B preset: the
+    error says what to build instead."""
+    oracle = hf_model(gated=True)  # 64 wide, 4 heads, 4 blocks, SwiGLU 128: 7B-like widths
+    path = tmp_path / 'dinov3_vitsplus_narrow.pth'
+    torch.save(to_meta(oracle), str(path))
+    model = narrow_7b(num_heads=4, num_layers=4,
+                      init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(CheckpointError, match='qkv_bias=True'):
+        model.init_weights()
+
+
+@pytest.mark.parametrize('head_dim', [16, 64, 128])
+def test_bf16_rounded_rope_periods_pass_and_other_thetas_do_not(head_dim):
+    """Meta's released files hold the periods rounded to bf16: read back from one period,
+    theta 100 looks like 103 (head dim 64) or 104 (128); compared as periods within bf16
+    rounding they pass, while theta 110 or 1000 is refused by name."""
+    from mmvitswin.core.checkpoint.dinov3 import check_rope_periods
+    trunk = SimpleNamespace(embed_dims=2 * head_dim, num_heads=2, rope_theta=100.0)
+    check_rope_periods(rope_periods(head_dim, 100.0).to(torch.bfloat16), trunk)
+    for theta in (110.0, 1000.0):
+        with pytest.raises(ValueError, match=r'rope_theta=\S+ \(fitted') as err:
+            check_rope_periods(rope_periods(head_dim, theta).to(torch.bfloat16), trunk)
+        fitted = float(str(err.value).split('rope_theta=')[1].split(' ')[0])
+        assert abs(fitted / theta - 1) < 5e-3  # the message's theta is the file's
 
 
 # -------------------------------------------------------------------------- mismatches

@@ -80,8 +80,13 @@ NECKS = (None, 'sam')
 # DINOv3 (Simeoni et al. 2025; HF facebook/dinov3-vit*16-pretrain-lvd1689m, timm
 # vit_*_patch16_dinov3, Meta's dinov3_vit*16_pretrain_lvd1689m-*.pth): ViT/16 with CLS + 4
 # registers, LayerScale (init 1e-5), 2-D RoPE (theta 100) and no absolute position embedding,
-# final LayerNorm, eps 1e-5; S+/H+ with SwiGLU (hidden 1536 / 5120). ``defaults``: further
-# constructor defaults of the preset (an explicit argument wins), applied by ViTAdapter.
+# final LayerNorm, eps 1e-5; S+/H+/7B with SwiGLU. Meta's SwiGLU width is
+# ``int(2/3 * ffn_ratio * C)`` rounded up to a multiple of 8 (S+, H+: ratio 6 -> 1536 / 5120)
+# or 64 (7B, 'swiglu64': ratio 3 -> 8192 = 2 C; HF intermediate_size 8192, timm mlp_ratio 2):
+# the presets hold the resulting widths. The 7B (4096 wide, 40 blocks, 32 heads of 128) has
+# no q/k/v bias at all (Meta qkv_bias=False, HF query/value_bias=False, timm qkv_bias=False),
+# the others a q/v bias. ``defaults``: further constructor defaults of the preset (an
+# explicit argument wins), applied by ViTAdapter.
 for _name, _dims, _depth, _heads, _global in (('b', 768, 12, 12, (2, 5, 8, 11)),
                                               ('l', 1024, 24, 16, (5, 11, 17, 23)),
                                               ('h', 1280, 32, 16, (7, 15, 23, 31))):
@@ -90,15 +95,15 @@ for _name, _dims, _depth, _heads, _global in (('b', 768, 12, 12, (2, 5, 8, 11)),
         patch_size=16, img_size=1024, final_norm=False, pos_embed_resize='bicubic',
         defaults=dict(with_cls_token=False, window_size=14, global_attn_indexes=_global,
                       use_rel_pos=True, norm_cfg=dict(type='LN', eps=1e-6)))
-for _name, _dims, _depth, _heads, _ffn, _hidden in (
-        ('s', 384, 12, 6, 'mlp', 1536), ('s+', 384, 12, 6, 'swiglu', 1536),
-        ('b', 768, 12, 12, 'mlp', 3072), ('l', 1024, 24, 16, 'mlp', 4096),
-        ('h+', 1280, 32, 20, 'swiglu', 5120)):
+for _name, _dims, _depth, _heads, _ffn, _hidden, _qkv_bias in (
+        ('s', 384, 12, 6, 'mlp', 1536, True), ('s+', 384, 12, 6, 'swiglu', 1536, True),
+        ('b', 768, 12, 12, 'mlp', 3072, True), ('l', 1024, 24, 16, 'mlp', 4096, True),
+        ('h+', 1280, 32, 20, 'swiglu', 5120, True), ('7b', 4096, 40, 32, 'swiglu', 8192, False)):
     ARCH_ZOO[f'dinov3-{_name}'] = dict(
         embed_dims=_dims, num_layers=_depth, num_heads=_heads, feedforward_channels=_hidden,
         ffn_type=_ffn, patch_size=16, img_size=224, layer_scale_init_value=1e-5,
         num_register_tokens=4, final_norm=True,
-        defaults=dict(rope_theta=100.0, abs_pos_embed=False,
+        defaults=dict(rope_theta=100.0, abs_pos_embed=False, qkv_bias=_qkv_bias,
                       norm_cfg=dict(type='LN', eps=1e-5)))
 
 
@@ -698,8 +703,9 @@ class ViTAdapter(VisionTransformerTrunk):
     SAM and DINOv3 presets (``arch='sam-b'``, ``'dinov3-b'``, ...; docs/foundation_vits.md)
     also set trunk defaults beyond the widths (:func:`preset_defaults`): SAM's window layout
     and no CLS token; DINOv3's ``rope_theta`` (2-D RoPE on q/k of the patch tokens,
-    ``layers/rope.py``; global blocks only) and ``abs_pos_embed=False`` (no absolute position
-    embedding). An explicit argument wins over a preset value.
+    ``layers/rope.py``; global blocks only), ``abs_pos_embed=False`` (no absolute position
+    embedding) and ``qkv_bias`` (False for ``'dinov3-7b'``, whose released weights have no
+    q/k/v bias). An explicit argument wins over a preset value.
     """
 
     def __init__(self, arch='base', adapter: Optional[str] = None,

@@ -3,8 +3,9 @@
 DINOv3's ViTs (S/S+/B/L/H+/7B, patch 16) are plain pre-norm ViTs with a CLS token, 4 register
 ("storage") tokens, LayerScale on both branches, **no** absolute position embedding but a 2-D
 rotary embedding on q and k of the patch tokens (:mod:`mmvitswin.core.layers.rope`), no key
-bias, and an MLP (S/B/L) or SwiGLU (S+/H+/7B) feed-forward. Formats (detected from the keys,
-no flag needed):
+bias (the 7B: no q/k/v bias at all), and an MLP (S/B/L) or SwiGLU (S+/H+/7B) feed-forward.
+Formats (detected from the keys, no flag needed; the 7B's HF snapshot comes as sharded
+``.safetensors`` with ``model.safetensors.index.json``, read by ``checkpoint/files.py``):
 
 - ``hf``: HuggingFace ``DINOv3ViTModel`` / ``DINOv3ViTBackbone`` (``embeddings.{cls_token,
   register_tokens,mask_token,patch_embeddings}``, ``layer.N`` as the hub ships it or
@@ -18,16 +19,19 @@ no flag needed):
   ``attn.q_bias``/``attn.v_bias`` or no bias, ``gamma_{1,2}``, ``mlp.fc1_g``/``mlp.fc1_x``/
   ``mlp.fc2`` for SwiGLU).
 
-Pretraining-only tensors (``mask_token``, Meta's ``local_cls_norm``) are dropped; so is
-Meta's ``cls_norm`` of untied CLS norms (it normalises the CLS/register outputs, which the
-pyramid drops). The RoPE periods are derived (checked against the model, never loaded).
+Pretraining-only tensors (``mask_token``, Meta's ``local_cls_norm`` of the 7B and ViT-L
+SAT-493M, used on local crops in training only) are dropped; so is Meta's ``cls_norm`` of
+untied CLS norms (it normalises the CLS/register outputs, which the pyramid drops). The RoPE
+periods are derived: checked against the model within bf16 rounding (Meta's files hold them
+rounded to bf16; :func:`check_rope_periods`), never loaded.
 A zero bias is the same as no bias: a file without q/k/v biases loads into a model with
 ``qkv_bias=True`` with zeros, as does the absent key bias.
 
 Architecture check (named error on a mismatch): width, depth, heads (from ``config.json`` or
 Meta's periods), register tokens, LayerScale, FFN kind and width, RoPE present and its theta
-(``config.json`` ``rope_theta`` or Meta's periods), no absolute position embedding, LayerNorm
-eps (``config.json``).
+(``config.json`` ``rope_theta``, or Meta's periods within bf16 rounding), no absolute
+position embedding, LayerNorm eps (``config.json``); a non-zero q/v bias into a model built
+with ``qkv_bias=False`` (the 7B preset) is refused.
 """
 import re
 from collections import OrderedDict
@@ -39,7 +43,8 @@ from .loading import CheckpointFamily, StateDict
 from .vit import fit_vit_embeddings
 
 __all__ = ['detect_dinov3_format', 'is_dinov3_checkpoint', 'convert_dinov3_state_dict',
-           'dinov3_arch_of', 'dinov3_model_arch', 'dinov3_config_arch', 'DINOV3_CHECKPOINTS']
+           'check_rope_periods', 'dinov3_arch_of', 'dinov3_model_arch', 'dinov3_config_arch',
+           'DINOV3_CHECKPOINTS']
 
 _PERIODS = 'rope_embed.periods'
 _HF_PATCH = 'embeddings.patch_embeddings.weight'
@@ -54,6 +59,7 @@ _HF_GATED = (('mlp.gate_proj.', 'mlp.w1.'), ('mlp.up_proj.', 'mlp.w2.'),
 _TIMM_BLOCK = (('gamma_1', 'ls1.gamma'), ('gamma_2', 'ls2.gamma'), ('mlp.fc1_g.', 'mlp.w1.'),
                ('mlp.fc1_x.', 'mlp.w2.'))
 _DROPPED = re.compile(r'(mask_token$|local_cls_norm\.|cls_norm\.)')
+PERIODS_RTOL = 1e-2  # Meta's periods are bf16-rounded (<= 2 ** -8 off): see check_rope_periods
 
 
 # ------------------------------------------------------------------------ pure functions
@@ -236,11 +242,41 @@ def convert_dinov3_state_dict(sd: StateDict) -> Tuple[StateDict, str]:
 
 
 def _theta_of(periods: torch.Tensor) -> Optional[float]:
-    """rope theta from Meta's periods ``theta ** (4 k / D)``: ``periods[1] ** (D / 4)``."""
-    if periods.numel() < 2:
+    """rope theta from Meta's ``n = D / 4`` periods ``theta ** (k / n)``: the least-squares
+    fit of ``log theta`` over all of them (robust to their bf16 rounding), for messages."""
+    n = periods.numel()
+    if n < 2:
         return None
-    theta = float(periods[1].double())**periods.numel()
-    return float(f'{theta:.4g}')
+    k = torch.arange(n, dtype=torch.float64)
+    log_p = periods.detach().double().cpu().log()
+    return float(torch.exp(n * (k * log_p).sum() / k.square().sum()))
+
+
+def check_rope_periods(periods: torch.Tensor, model) -> None:
+    """Meta's ``rope_embed.periods`` against the model's RoPE (``theta ** (4 k / head_dim)``
+    for its ``rope_theta`` and head dim); ValueError naming ``rope_theta`` when they differ.
+
+    Meta's files hold the periods rounded to bf16 (trained with ``pos_embed_rope_dtype``
+    bf16; HF's and timm's conversions recompute them in fp32): up to ``2 ** -8`` relative off
+    the exact values, ``theta`` read back from one of them is off by percents (``periods[1] **
+    (D / 4)`` gives 104 for theta 100, head dim 128). So they are compared within
+    :data:`PERIODS_RTOL`, which still tells apart thetas a few percent apart.
+    """
+    theta = getattr(model, 'rope_theta', None)
+    head_dim = model.embed_dims // model.num_heads
+    n = head_dim // 4
+    if theta is None or periods.numel() != n:
+        raise ValueError(f'checkpoint is a DINOv3 with {periods.numel()} RoPE periods per axis '
+                         f'(head_dim {4 * periods.numel()}), but this model has '
+                         f'rope_theta={theta} and head_dim {head_dim} (num_heads='
+                         f'{model.num_heads})')
+    want = float(theta)**(torch.arange(n, dtype=torch.float64) / n)
+    got = periods.detach().double().cpu().reshape(-1)
+    if not torch.allclose(got, want, rtol=PERIODS_RTOL, atol=0.):
+        fitted = _theta_of(periods)
+        raise ValueError(f'checkpoint is a DINOv3 with rope_theta='
+                         f'{"?" if fitted is None else f"{fitted:.4g}"} (fitted to its RoPE '
+                         f'periods), but this model has rope_theta={theta}')
 
 
 def _ffn_of(sd: StateDict) -> Tuple[Optional[str], Optional[int]]:
@@ -266,7 +302,7 @@ def dinov3_arch_of(sd: StateDict) -> Dict[str, object]:
         num_register_tokens=None if reg is None else reg.shape[1],
         layer_scale=any(k.endswith('.ls1.gamma') for k in sd) if blocks else None,
         ffn_type=ffn, feedforward_channels=hidden, rope=True,
-        rope_theta=None if periods is None else _theta_of(periods),
+        rope_theta=None,  # Meta's periods: compared with a tolerance in the fit
         abs_pos_embed=False, norm_eps=None)
 
 
@@ -308,8 +344,10 @@ def dinov3_model_arch(model) -> Dict[str, object]:
 
 def fit_dinov3_state_dict(sd: StateDict, model) -> StateDict:
     """The ViT family's fitting (patch kernel resampled to the model's patch size) after
-    dropping the derived RoPE periods and filling any bias the file lacks (beside its weight)
-    with zeros."""
+    checking Meta's RoPE periods against the model (:func:`check_rope_periods`), dropping
+    them (derived) and filling any bias the file lacks (beside its weight) with zeros."""
+    if _PERIODS in sd:
+        check_rope_periods(sd[_PERIODS], model)
     sd = OrderedDict((k, v) for k, v in sd.items() if k != _PERIODS)
     own = model.state_dict()
     for key, value in own.items():
