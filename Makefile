@@ -4,7 +4,7 @@
 #   make test      the whole pytest suite (what CI runs), one worker per core (TEST_JOBS)
 #   make test-fast the edit loop, under a minute on 2 cores: pytest -m "not slow" (no
 #                  subprocesses, training, benchmark tool or full-size reference parity;
-#                  the tiers are listed in tests/conftest.py)
+#                  the tier is marked at each test: @pytest.mark.slow or a module pytestmark)
 #   make bench     the standard speed/memory benchmark against mmdet's, timm's and HF's Swin
 #   make test-compat  the suite on the oldest tested stack: $(COMPAT_VENV) with $(COMPAT_TORCH_SPEC),
 #                  Python 3.8, numpy<2 and mmcv $(MMCV_VERSION) compiled against that torch

@@ -100,101 +100,24 @@ def pytest_runtest_setup(item):
 # sub-minute edit loop. A test is slow when it starts other processes (tools, training,
 # distributed launches), runs the benchmark tool, trains, or builds a full-size reference
 # model to compare against. Tests that only read structure build small widths instead.
-# Marked here, by node-id prefix, so the tiers are reviewed in one place; a test may also
-# carry @pytest.mark.slow itself.
-SLOW_TESTS = {
-    # subprocesses: tools, fresh interpreters, training and distributed runs
-    'tests/test_benchmark_tool.py': 'runs tools/benchmark.py (the benchmark tool)',
-    'tests/test_demo_tools.py': 'runs tools/demo.py, visualize.py, make_shapes.py',
-    'tests/test_train_tools.py': 'trains/tests through tools/*.py, also two gloo processes',
-    'tests/test_registry.py::test_swin_type_builds_our_class':
-        'two fresh interpreters (import orders) for the 7 cases',
-    'tests/test_core_standalone.py': 'a fresh interpreter without OpenMMLab builds the zoo',
-    'tests/test_no_patches.py': 'a fresh interpreter imports mmvitswin (and builds the CPU AMP '
-        'wrapper)',
-    'tests/test_checkpoint_formats.py::test_swin_t_sized_hf_snapshot_matches':
-        'Swin-T-sized HF SwinBackbone side by side',
-    'tests/test_foundation_configs.py':
-        'two bf16 training steps of each DINOv2/DINOv3/SAM Mask R-CNN and UPerNet config',
-    'tests/test_swin_v2.py::test_config_trains_two_steps':
-        'two training steps of Swin V2 Mask R-CNN and UPerNet configs (T, S, B), fp32 and bf16',
-    'tests/test_dinov2.py::test_released_size_dinov2_s': 'a released-size DINOv2-S beside HF\'s',
-    'tests/test_amp_runner.py::test_train_amp_on_cpu_runs_bf16_through_the_runner':
-        'tools/train.py in a subprocess',
-    'tests/test_amp_runner.py::test_test_amp_evaluates_in_bf16': 'tools/test.py in a subprocess',
-    'tests/test_compat.py::test_import_in_fresh_interpreter_has_no_version_errors':
-        'a fresh interpreter',
-    'tests/test_foundation.py::test_check_script': 'tools/check_mmcv_ops.py in a subprocess',
-    'tests/test_swin_checkpoint.py::test_convert_checkpoint_tool':
-        'tools/convert_checkpoint.py in subprocesses',
-    ('tests/test_layers.py::'
-     'test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant'):
-        'torch.compile (Dynamo) at two sizes',
-    # training steps, memory probes, whole detectors
-    'tests/test_deploy_paths.py::test_held_memory_does_not_depend_on_batch_or_on_sizes_seen':
-        'repeated training steps at several batch sizes',
-    'tests/test_deploy_paths.py::test_amp_train_step_has_finite_grads':
-        'training steps in fp32 and bf16 for every backbone',
-    'tests/test_vit_behaviour.py::test_demo_mask_rcnn_trains_one_step':
-        'a training step of a whole Mask R-CNN',
-    'tests/test_configs.py::test_config_builds_and_predicts':
-        'builds and runs the whole detector/segmentor of every config',
-    'tests/test_swin_detector.py': 'whole Mask R-CNN against mmdet',
-    # reference parity at full size (mmdet, mmseg, mmaction2 models built side by side)
-    'tests/test_swin_parity.py': 'full-size parity with mmdet/mmseg (forward and gradients)',
-    'tests/test_vit_parity.py': 'parity with mmseg ViT-B widths',
-    'tests/test_swin3d.py::test_outputs_match_mmaction2': 'Video Swin-T parity with mmaction2',
-    'tests/test_swin_behaviour.py::test_frozen_stages_match_mmdet_definition':
-        'mmdet Swin-T built side by side',
-    'tests/test_swin_checkpoint.py::test_microsoft_format_matches_mmdet_converter':
-        'full Swin-T files through mmdet\'s converter, outputs compared',
-    'tests/test_swin_checkpoint.py::test_wrappers_and_timm_layout_load_exactly':
-        'full Swin-T files in five wrappings, outputs compared with mmdet\'s',
-    'tests/test_swin_checkpoint.py::test_window_7_to_12_resizes_tables':
-        'full Swin-T files resized, outputs compared',
-    'tests/test_swin_checkpoint.py::test_abs_pos_embed_resized_on_load': 'full Swin-T files',
-    'tests/test_swin_checkpoint.py::test_equal_window_loading_changes_nothing':
-        'full Swin-T files, outputs compared with mmdet\'s',
-    # checkpointing / statelessness checks that need several full forward-backward passes
-    'tests/test_swin_behaviour.py::test_with_cp_gives_the_same_gradients':
-        'Swin-T forward-backward with and without activation checkpointing',
-    'tests/test_swin_behaviour.py::test_no_state_is_kept_between_calls':
-        'Swin-T at many sizes, twice',
-    'tests/test_vit_adapter_modules.py::test_with_cp_gives_same_values_and_grads':
-        'forward-backward with and without activation checkpointing',
-}
-
-
+# The tier is marked at the test itself, so that renaming a test cannot change its tier:
+#   @pytest.mark.slow(reason='tools/train.py in a subprocess')   on a test function, or
+#   pytestmark = pytest.mark.slow(reason='...')                   for a whole module.
+# (The `slow` marker is registered in setup.cfg, so `--strict-markers` accepts it.)
+#
 # Per-test time limits (pytest-timeout): a hung test fails with its traceback instead of
-# stalling the run. Every slow test gets SLOW_TIMEOUT_S, or the figure of the first prefix of
-# SLOW_TIMEOUTS it matches; a test's own @pytest.mark.timeout(...) wins. The limits (fixture
-# setup included) are ~6-10x what a test takes alone on 2 cores, since a loaded machine
-# stretches wall time that much: they catch hangs, not slowness. (The fast tier: setup.cfg's
-# default `timeout`, if set.)
+# stalling the run. Every slow test gets SLOW_TIMEOUT_S unless it carries its own
+# @pytest.mark.timeout(...) (beside its slow mark, or in the module's pytestmark). The limits
+# (fixture setup included) are ~6-10x what a test takes alone on 2 cores, since a loaded
+# machine stretches wall time that much: they catch hangs, not slowness. (The fast tier:
+# setup.cfg's default `timeout`, if set.)
 SLOW_TIMEOUT_S = 600
-SLOW_TIMEOUTS = {
-    'tests/test_train_tools.py': 1200,
-    'tests/test_demo_tools.py': 1200,
-    'tests/test_benchmark_tool.py': 1200,
-    'tests/test_amp_runner.py': 1200,
-    'tests/test_reliability_training.py': 1200,
-    'tests/test_configs.py::test_config_builds_and_predicts': 900,
-    'tests/test_swin_detector.py': 900,
-    'tests/test_deploy_paths.py::test_compile': 1200,  # the hybrid: ~100 CPU-s of tracing
-}
-
-
-def _prefixed(nodeid: str, table: dict):
-    return next((value for prefix, value in table.items() if nodeid.startswith(prefix)), None)
 
 
 def pytest_collection_modifyitems(config, items):
-    with_timeouts = config.pluginmanager.hasplugin('timeout')
+    if not config.pluginmanager.hasplugin('timeout'):
+        return
     for item in items:
-        reason = _prefixed(item.nodeid, SLOW_TESTS)
-        if reason is not None:
-            item.add_marker(pytest.mark.slow(reason=reason))
-        if (with_timeouts and item.get_closest_marker('slow') is not None
+        if (item.get_closest_marker('slow') is not None
                 and item.get_closest_marker('timeout') is None):
-            item.add_marker(pytest.mark.timeout(_prefixed(item.nodeid, SLOW_TIMEOUTS)
-                                                 or SLOW_TIMEOUT_S))
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))

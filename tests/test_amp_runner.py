@@ -288,6 +288,8 @@ def amp_run(tmp_path_factory):
     return root, config, work, env, proc
 
 
+@pytest.mark.slow(reason='tools/train.py in a subprocess')
+@pytest.mark.timeout(1200)
 def test_train_amp_on_cpu_runs_bf16_through_the_runner(amp_run):
     _, _, work, _, proc = amp_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -299,6 +301,8 @@ def test_train_amp_on_cpu_runs_bf16_through_the_runner(amp_run):
     assert osp.isfile(work / 'iter_2.pth')
 
 
+@pytest.mark.slow(reason='tools/test.py in a subprocess')
+@pytest.mark.timeout(1200)
 def test_test_amp_evaluates_in_bf16(amp_run):
     root, config, work, env, proc = amp_run
     assert proc.returncode == 0

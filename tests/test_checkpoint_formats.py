@@ -201,6 +201,7 @@ def test_hf_swin_model_default_forward_agrees_where_windows_fit(tmp_path):
         assert _rel(a, b) <= 1e-5, (i, _rel(a, b))
 
 
+@pytest.mark.slow(reason='Swin-T-sized HF SwinBackbone side by side')
 def test_swin_t_sized_hf_snapshot_matches(tmp_path):
     """One released size: Swin-T (microsoft/swin-tiny-patch4-window7-224's config) as HF's
     save_pretrained writes it, at 224, 200x296 and 333x257."""

@@ -51,6 +51,7 @@ print(json.dumps(dict(version=str(c.TORCH_VERSION), ours=ours, total=len(seen)))
 """
 
 
+@pytest.mark.slow(reason='a fresh interpreter')
 def test_import_in_fresh_interpreter_has_no_version_errors():
     proc = subprocess.run([sys.executable, '-c', IMPORT_PROBE], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -38,6 +38,8 @@ def test_configs_are_discovered():
     assert set(RECIPES) <= set(CONFIGS)
 
 
+@pytest.mark.slow(reason='builds and runs the whole detector/segmentor of every config')
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize('rel', CONFIGS)
 def test_config_builds_and_predicts(rel):
     import mmvitswin  # noqa: F401

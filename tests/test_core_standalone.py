@@ -12,7 +12,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from zoo import ZOO, list_models
+
+pytestmark = pytest.mark.slow(reason='a fresh interpreter without OpenMMLab builds the zoo')
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)

@@ -11,6 +11,11 @@ import pytest
 import torch
 from mmengine.config import Config
 
+pytestmark = [
+    pytest.mark.slow(reason='runs tools/demo.py, visualize.py, make_shapes.py'),
+    pytest.mark.timeout(1200),
+]
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIG = osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_swin_nano_shapes.py')
 SEG_CONFIG = osp.join(ROOT, 'configs', 'demo', 'upernet_swin_nano_shapes.py')

@@ -30,6 +30,7 @@ def inputs(name: str, which: int, batch: int = 2) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------ AMP
+@pytest.mark.slow(reason='training steps in fp32 and bf16 for every backbone')
 @pytest.mark.parametrize('dtype', [
     torch.bfloat16,
     pytest.param(torch.float16, marks=pytest.mark.skipif(
@@ -80,6 +81,7 @@ COMPILE_BACKEND = os.environ.get('MMVITSWIN_TEST_COMPILE_BACKEND', 'eager')
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the hybrid: ~100 CPU-s of tracing
 @pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
                     'models needs torch >= 2.6 (see mmvitswin.core.compat)')
 @pytest.mark.parametrize('name', params('compile'))
@@ -142,6 +144,7 @@ def _held_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+@pytest.mark.slow(reason='repeated training steps at several batch sizes')
 @pytest.mark.parametrize('name', params('bounded_state'))
 def test_held_memory_does_not_depend_on_batch_or_on_sizes_seen(name):
     model = build(name).eval()

@@ -231,6 +231,7 @@ def test_meta_pth_reproduces_hf(tmp_path, registers, swiglu):
     assert_matches(ours(path, registers, swiglu, rule), ref)
 
 
+@pytest.mark.slow(reason="a released-size DINOv2-S beside HF's")
 def test_released_size_dinov2_s(tmp_path):
     """DINOv2-S as released (384 wide, 12 blocks, 518 px) through the 'dinov2-s' preset, at a
     size far from its 37 x 37 grid."""

@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 
@@ -19,6 +20,7 @@ def test_mmcv_ops_are_compiled():
     assert out.flatten().tolist() == [5.0]
 
 
+@pytest.mark.slow(reason='tools/check_mmcv_ops.py in a subprocess')
 def test_check_script_passes():
     out = subprocess.run([sys.executable, 'tools/check_mmcv_ops.py'], capture_output=True,
                          text=True)
@@ -40,6 +42,7 @@ def test_package_exposes_version_and_registry():
     assert 'SwinTransformer' in mmvitswin.MODELS.module_dict
 
 
+@pytest.mark.slow(reason='tools/check_mmcv_ops.py in a subprocess')
 def test_check_script_fails_loudly_without_compiled_ops(tmp_path):
     # An mmcv whose compiled extension is missing (what an isolated build produces): the
     # install check must fail with a message that says so.

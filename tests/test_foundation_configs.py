@@ -10,6 +10,9 @@ import os.path as osp
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow(
+    reason='two bf16 training steps of each DINOv2/DINOv3/SAM Mask R-CNN and UPerNet config')
+
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
 

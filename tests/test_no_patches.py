@@ -12,6 +12,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.slow(
+    reason='a fresh interpreter imports mmvitswin (and builds the CPU AMP wrapper)')
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROBE = textwrap.dedent('''

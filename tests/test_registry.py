@@ -126,6 +126,7 @@ def results():
     return out
 
 
+@pytest.mark.slow(reason='two fresh interpreters (import orders) for the 7 cases')
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_swin_type_builds_our_class(case, results):
     assert results[case] == 'OK mmvitswin.openmmlab.models.backbones', \

@@ -162,6 +162,7 @@ def _leftover_tmp(wd):
 
 # --------------------------------------------------------------------- kill during save
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_killed_or_interrupted_while_saving_then_resumed(work):
     """max_keep_ckpts=1 is the worst case for MMEngine: it deletes iter_2.pth *before* writing
     iter_4.pth, so a crash in that write used to leave nothing to resume from."""
@@ -378,6 +379,7 @@ def test_invalid_loss_hook_message_names_iteration():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_nan_loss_stops_training_naming_the_iteration(work):
     wd = work / 'wd_nan'
     cfg = _config(work, 'nan', imports=['a13_nan_at'])
@@ -396,6 +398,7 @@ def _free_port():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_with_cp_ddp_frozen_stages_trains(work):
     wd = work / 'wd_cp_ddp'
     extra = textwrap.dedent('''\

@@ -61,6 +61,7 @@ def _reference_pair(mma, **kwargs):
 
 
 # ----------------------------------------------------------------------- (1) mmaction2 parity
+@pytest.mark.slow(reason='Video Swin-T parity with mmaction2')
 @pytest.mark.parametrize('kwargs,shape', [
     (dict(arch='tiny'), (1, 3, 8, 224, 224)),
     # reduced depth for speed; T=5 pads in the patch embedding and clamps the temporal window

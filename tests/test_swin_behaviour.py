@@ -71,6 +71,7 @@ def test_train_returns_self_and_keeps_frozen_stages_in_eval():
     assert m.stages[2].blocks[0].ffn.layers[1].weight.grad is not None
 
 
+@pytest.mark.slow(reason='mmdet Swin-T built side by side')
 def test_frozen_stages_match_mmdet_definition():
     from mmdet.models.backbones.swin import SwinTransformer as Ref
     for k in range(-1, 5):
@@ -83,6 +84,7 @@ def test_frozen_stages_match_mmdet_definition():
         assert got == want, k
 
 
+@pytest.mark.slow(reason='Swin-T forward-backward with and without activation checkpointing')
 def test_with_cp_gives_the_same_gradients():
     torch.manual_seed(0)
     plain = SwinTransformer(drop_path_rate=0.)
@@ -104,6 +106,7 @@ def test_stochastic_depth_schedule():
     assert rates == pytest.approx(want)
 
 
+@pytest.mark.slow(reason='Swin-T at many sizes, twice')
 def test_no_state_is_kept_between_calls():
     """Masks, gather indices and the gathered bias are rebuilt per call: the modules hold
     nothing but parameters and the persistent relative_position_index buffers."""

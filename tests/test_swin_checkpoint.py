@@ -74,6 +74,7 @@ def _load_via_init_cfg(path, tmp_path=None, **kwargs):
     return model, [str(w.message) for w in caught if 'SwinTransformer' in str(w.message)]
 
 
+@pytest.mark.slow(reason="full Swin-T files through mmdet's converter, outputs compared")
 def test_microsoft_format_matches_mmdet_converter(mmdet_swin, tmp_path):
     from mmdet.models.backbones.swin import SwinTransformer as Ref
     from mmdet.models.backbones.swin import swin_converter
@@ -95,6 +96,7 @@ def test_microsoft_format_matches_mmdet_converter(mmdet_swin, tmp_path):
     assert len(msgs) == 1 and 'head.weight' in msgs[0] and 'norm.weight' in msgs[0]
 
 
+@pytest.mark.slow(reason="full Swin-T files in five wrappings, outputs compared with mmdet's")
 @pytest.mark.parametrize('wrap', ['bare', 'state_dict', 'module', 'backbone', 'timm_new'])
 def test_wrappers_and_timm_layout_load_exactly(mmdet_swin, tmp_path, wrap):
     sd = mmdet_swin.state_dict()
@@ -120,6 +122,7 @@ def test_wrappers_and_timm_layout_load_exactly(mmdet_swin, tmp_path, wrap):
         assert msgs == []
 
 
+@pytest.mark.slow(reason="full Swin-T files, outputs compared with mmdet's")
 def test_equal_window_loading_changes_nothing(mmdet_swin, tmp_path):
     path = tmp_path / 'same.pth'
     sd = mmdet_swin.state_dict()
@@ -130,6 +133,7 @@ def test_equal_window_loading_changes_nothing(mmdet_swin, tmp_path):
         assert torch.equal(v, sd[k]), k
 
 
+@pytest.mark.slow(reason='full Swin-T files resized, outputs compared')
 def test_window_7_to_12_resizes_tables(mmdet_swin, tmp_path):
     path = tmp_path / 'w7.pth'
     sd = mmdet_swin.state_dict()
@@ -150,6 +154,7 @@ def test_window_7_to_12_resizes_tables(mmdet_swin, tmp_path):
     assert tuple(ours(torch.randn(1, 3, 100, 90))[3].shape) == (1, 768, 4, 3)
 
 
+@pytest.mark.slow(reason='full Swin-T files')
 def test_abs_pos_embed_resized_on_load(tmp_path):
     src = SwinTransformer(use_abs_pos_embed=True, pretrain_img_size=224)
     path = tmp_path / 'abs.pth'
@@ -204,6 +209,7 @@ def _tool_main():
     return module.main
 
 
+@pytest.mark.slow(reason='tools/convert_checkpoint.py in subprocesses')
 def test_convert_checkpoint_tool(mmdet_swin, tmp_path, capsys):
     import subprocess
     import sys

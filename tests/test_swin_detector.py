@@ -4,6 +4,11 @@ import copy
 import pytest
 import torch
 
+pytestmark = [
+    pytest.mark.slow(reason='whole Mask R-CNN against mmdet'),
+    pytest.mark.timeout(900),
+]
+
 
 def _mask_rcnn_cfg(backbone_type):
     from mmengine.config import Config

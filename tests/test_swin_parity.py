@@ -5,6 +5,8 @@ import torch
 from mmvitswin.core.backbones.swin import SwinTransformer
 from conftest import max_rel_err
 
+pytestmark = pytest.mark.slow(reason='full-size parity with mmdet/mmseg (forward and gradients)')
+
 SIZES = [(224, 224), (511, 511), (112, 137), (33, 65), (7, 9)]
 
 

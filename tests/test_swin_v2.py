@@ -30,7 +30,7 @@ import torch
 from mmvitswin.core.backbones.swin_v2 import SwinTransformerV2
 from mmvitswin.core.checkpoint import CheckpointError, load_pretrained
 from mmvitswin.core.layers import (CosineWindowAttention, log_spaced_relative_coords,
-                                   pretrained_window_of)
+                                   pretrained_window_of, window_plan)
 from conftest import max_rel_err, norm_inputs
 from zoo import perturb_like_trained
 
@@ -507,14 +507,15 @@ def test_log_spaced_coordinates_and_their_inverse():
 def test_logit_scale_is_clamped_at_log_100():
     torch.manual_seed(0)
     attn = CosineWindowAttention(16, 2, (4, 4)).eval()
-    x = torch.randn(3, 16, 16)
+    x = torch.randn(3, 4, 4, 16)
+    plan = window_plan((4, 4), (4, 4), (0, 0), x.device)
     with torch.no_grad():
         attn.logit_scale.fill_(math.log(100.))
-        at_cap = attn(x)
+        at_cap = attn(x, plan)
         attn.logit_scale.fill_(9.)  # exp(9) = 8103 without the clamp
-        above = attn(x)
+        above = attn(x, plan)
         attn.logit_scale.fill_(math.log(50.))
-        below = attn(x)
+        below = attn(x, plan)
     assert torch.equal(at_cap, above)
     assert not torch.allclose(at_cap, below)
 
@@ -711,6 +712,8 @@ def test_config_optimizer_gives_mmengines_settings_fused():
     assert all(bool(g.get('fused')) == fused_adamw_on_cpu() for g in ours.param_groups)
 
 
+@pytest.mark.slow(
+    reason='two training steps of Swin V2 Mask R-CNN and UPerNet configs (T, S, B), fp32 and bf16')
 @pytest.mark.parametrize('precision', ['fp32', 'bf16'])
 @pytest.mark.parametrize('name', ['mask_rcnn_swinv2_t_coco.py', 'upernet_swinv2_t_ade20k.py',
                                   'mask_rcnn_swinv2_b_coco.py', 'upernet_swinv2_s_ade20k.py'])

@@ -21,6 +21,11 @@ import time
 import pytest
 import torch
 
+pytestmark = [
+    pytest.mark.slow(reason='trains/tests through tools/*.py, also two gloo processes'),
+    pytest.mark.timeout(1200),
+]
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PY = sys.executable
 CLASSES = ('square', 'disc', 'triangle', 'star')

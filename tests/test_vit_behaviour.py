@@ -312,6 +312,7 @@ def test_replacement_patch_embed_is_used():
     assert outs[0].shape == (1, 256, 16, 24)
 
 
+@pytest.mark.slow(reason='a training step of a whole Mask R-CNN')
 @pytest.mark.parametrize('mode', ['simple', 'interaction'])
 def test_demo_mask_rcnn_trains_one_step(mode):
     """The demo config builds in mmdet's scope, with the layer-decay constructor, and one

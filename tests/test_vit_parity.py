@@ -11,6 +11,8 @@ from conftest import max_rel_err
 from mmvitswin.core.checkpoint import load_pretrained
 from mmvitswin.core.backbones.vit import (ViTAdapter, ViTAttention, decomposed_rel_pos_bias)
 
+pytestmark = pytest.mark.slow(reason='parity with mmseg ViT-B widths')
+
 
 def _mmseg_pair(tmp_path, **kwargs):
     """mmseg's ViT with random weights and ours loaded from its saved state dict by init_cfg."""
