@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from mmvitswin.core.compat import COMPILE_DYNAMIC_OK, CPU_AUTOCAST_FP16
 from mmvitswin.core.layers import (WindowAttention, attention, ceil_div, effective_window,
-                                     merge_windows, partition_windows, shift_window_mask,
+                                     merge_windows, partition_windows,
                                      window_partition, window_plan, window_reverse)
 from mmvitswin.core.layers.window import cells_of, padded_size
 from conftest import max_rel_err
@@ -32,8 +32,8 @@ def loop_shift_mask(padded, window, shift, fill=-100.):
                                                    ((14, 14), (7, 7), (3, 0)),
                                                    ((4, 14, 14), (2, 7, 7), (1, 3, 3))])
 def test_shift_mask_equals_the_loop_built_reference(padded, window, shift):
-    got = shift_window_mask(padded, window, shift, torch.device('cpu'))
-    assert torch.equal(got, loop_shift_mask(padded, window, shift))
+    plan = window_plan(padded, window, shift, torch.device('cpu'))
+    assert torch.equal(plan.mask, loop_shift_mask(padded, window, shift))
 
 
 @pytest.mark.slow(reason='torch.compile (Dynamo) at two sizes')

@@ -148,31 +148,13 @@ class WindowPlan(NamedTuple):
     padded: bool
 
 
-def shift_window_mask(padded: Size, window: Size, shift: Size,
-                      device: torch.device) -> torch.Tensor:
-    """The additive ``(nW, N, N)`` fp32 mask of shifted windows over a map of ``padded`` size,
-    as the references build it: along each dim of padded length ``P`` the rolled positions
-    fall in three regions, ``[0, P-w)``, ``[P-w, P-s)`` and ``[P-s, P)``; token pairs from
-    different regions get :data:`SHIFT_MASK_FILL`, padded tokens are not masked (as in
-    mmdet/mmseg/mmaction2). The written-out definition: :func:`window_plan` takes the same
-    mask from :func:`shift_mask_table`."""
-    nd = len(padded)
-    label = torch.zeros((), dtype=torch.long, device=device)
-    for axis, (p, w, s) in enumerate(zip(padded, window, shift)):
-        if not s:  # one region along this dim
-            continue
-        view = [1] * nd
-        view[axis] = -1
-        pos = torch.arange(p, device=device)
-        label = label * 3 + ((pos >= p - w).long() + (pos >= p - s).long()).view(view)
-    labels = window_partition(label.expand(*padded)[None, ..., None], window).squeeze(-1)
-    return torch.where(labels[:, None, :] == labels[:, :, None], 0., SHIFT_MASK_FILL)
-
-
 def shift_mask_table(window: Size, shift: Size) -> torch.Tensor:
     """The shift masks a window can have, ``(2**k, N, N)`` fp32 for ``k`` shifted dims.
 
-    Only the last window along a shifted dim holds two regions (its offsets below ``w - s``
+    The references' mask: along a dim of padded length ``P`` the rolled positions fall in
+    three regions, ``[0, P-w)``, ``[P-w, P-s)`` and ``[P-s, P)``, and token pairs from
+    different regions get :data:`SHIFT_MASK_FILL` (padded tokens are not masked, as in
+    mmdet/mmseg/mmaction2). Only the last window along a shifted dim holds two regions (its offsets below ``w - s``
     and from there on; every other window lies inside ``[0, P-w)``), so a window's mask
     depends on which shifted dims it is last along, not on the map's size: entry ``t`` is the
     mask of a window that is last along the shifted dims whose bit is set in ``t``."""
