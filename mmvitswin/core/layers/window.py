@@ -222,16 +222,13 @@ def window_plan(spatial: Size, window: Size, shift: Size, device: torch.device,
     return WindowPlan(tuple(window), flat.clamp_min(0), is_pad, scatter, mask, padded)
 
 
-def partition_windows(x: torch.Tensor, plan: WindowPlan,
-                      fill: Optional[torch.Tensor] = None) -> torch.Tensor:
+def partition_windows(x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
     """``x: (B, *spatial, C)`` -> windows ``(B * nW, N, C)`` by ``plan``; padding entries
-    are 0, or the ``(C,)`` vector ``fill`` (what a zero token projects to: its bias)."""
+    are 0."""
     b, c = x.shape[0], x.shape[-1]
     windows = x.reshape(b, -1, c).index_select(1, plan.gather)
     if plan.padded:
-        pad = plan.is_pad[:, None]
-        windows = windows.masked_fill(pad, 0.) if fill is None else \
-            torch.where(pad, fill.to(windows.dtype), windows)
+        windows = windows.masked_fill(plan.is_pad[:, None], 0.)
     n = 1
     for w in plan.window:
         n *= w
