@@ -34,6 +34,24 @@ def _load(rel):
     return Config.fromfile(osp.join(ROOT, rel))
 
 
+def _cut_deep_vit(bb, blocks: int = 2) -> None:
+    """A ViT trunk deeper than ViT-B (L, g, 7B) cut to ``blocks`` blocks of the same width
+    (the interaction groups, global blocks and frozen prefix with it): the 7B's 40 blocks
+    alone are 27 GB in fp32."""
+    from mmvitswin.core.backbones.vit import ARCH_ZOO
+    if bb.get('type') != 'ViTAdapter' or not isinstance(bb.get('arch'), str):
+        return
+    if bb.get('num_layers', ARCH_ZOO.get(bb.arch, {}).get('num_layers', 0)) <= 12:
+        return
+    bb.num_layers = blocks
+    if bb.get('frozen_stages', -1) > blocks:
+        bb.frozen_stages = blocks
+    if bb.get('adapter') == 'interaction':
+        bb.adapter_cfg.interaction_indexes = [(i, i + 1) for i in range(blocks)]
+    if bb.get('global_attn_indexes'):
+        bb.global_attn_indexes = (blocks - 1, )
+
+
 def test_configs_are_discovered():
     assert set(RECIPES) <= set(CONFIGS)
 
@@ -55,6 +73,7 @@ def test_config_builds_and_predicts(rel):
     if cfg.model.backbone.get('type') in ('SwinTransformer', 'SwinTransformerV2'):
         # one block per stage keeps every width (what the necks/heads see) but builds fast
         cfg.model.backbone.depths = [1] * len(cfg.model.backbone.get('depths') or [0] * 4)
+    _cut_deep_vit(cfg.model.backbone)
     key = f'{scope}:{cfg.model!r}'
     if key in _PREDICTED:  # identical model already built and run by another config
         pytest.skip(f'same model as {_PREDICTED[key]} (already built and run)')

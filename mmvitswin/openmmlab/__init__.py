@@ -5,9 +5,9 @@ that (safe runner checkpoints, atomic saving, the loss check, CPU bf16) are comp
 name, e.g. ``runner_type='mmvitswin.SafeCheckpointRunner'``."""
 from . import datasets, engine, models  # noqa: F401  (registers every module)
 from .registry import (DATASETS, HOOKS, LOOPS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS,
-                       OPTIM_WRAPPERS, RUNNERS, bridge_to_hosts)
+                       OPTIM_WRAPPERS, RUNNERS, STRATEGIES, bridge_to_hosts)
 
 bridge_to_hosts()
 
 __all__ = ['MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS', 'OPTIM_WRAPPERS', 'DATASETS', 'HOOKS',
-           'LOOPS', 'RUNNERS', 'bridge_to_hosts']
+           'LOOPS', 'RUNNERS', 'STRATEGIES', 'bridge_to_hosts']

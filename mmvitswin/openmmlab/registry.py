@@ -20,6 +20,7 @@ from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import LOOPS as MMENGINE_LOOPS
 from mmengine.registry import OPTIM_WRAPPERS as MMENGINE_OPTIM_WRAPPERS
 from mmengine.registry import RUNNERS as MMENGINE_RUNNERS
+from mmengine.registry import STRATEGIES as MMENGINE_STRATEGIES
 from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmvitswin',
@@ -35,6 +36,9 @@ OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope
 LOOPS = Registry('loop', parent=MMENGINE_LOOPS, scope='mmvitswin', locations=['mmvitswin.openmmlab.engine'])
 RUNNERS = Registry('runner', parent=MMENGINE_RUNNERS, scope='mmvitswin',
                    locations=['mmvitswin.openmmlab.engine'])
+# FlexibleRunner's strategies (built from MMEngine's root registry: not bridged to the hosts)
+STRATEGIES = Registry('strategy', parent=MMENGINE_STRATEGIES, scope='mmvitswin',
+                      locations=['mmvitswin.openmmlab.engine'])
 
 # (host package, registry attribute in host.registry, our registry)
 _HOSTS = ('mmdet', 'mmseg', 'mmaction')

@@ -359,8 +359,9 @@ class VisionTransformerTrunk(TransformerBackbone):
       ``embed_tokens(tokens, grid)`` does the part after ``patch_embed``.
     - ``blocks``: an ``nn.ModuleList``, each called as ``block(seq, grid, num_prefix_tokens)``
       (the interaction adapter receives it and runs the blocks in groups).
-    - ``forward_intermediates(x, indices, embedded=None)``: the NCHW maps after each block in
-      ``indices`` (``final_norm`` applied after the last block): the one intermediates method.
+    - ``forward_intermediates(x, indices, embedded=None, frozen=-1)``: the NCHW maps after
+      each block in ``indices`` (``final_norm`` applied after the last block): the one
+      intermediates method.
     - ``forward(x)``: the map of the last block.
 
     Args (OpenMMLab names where mmseg has one): ``img_size`` pretraining size of ``pos_embed``;
@@ -652,19 +653,24 @@ class VisionTransformerTrunk(TransformerBackbone):
         return tokens.transpose(1, 2).reshape(seq.shape[0], -1, grid[0], grid[1]).contiguous()
 
     def forward_intermediates(self, x: Optional[torch.Tensor], indices: Sequence[int] = (-1, ),
-                              embedded=None) -> List[torch.Tensor]:
+                              embedded=None, frozen: int = -1) -> List[torch.Tensor]:
         """Maps ``(B, C, h, w)`` after each block in ``indices`` (block indices, negative ones
         from the end; ``final_norm`` applied after the last block), in block order.
 
         ``x``: the image ``(B, C_in, H, W)``; or ``embedded = (seq, grid)`` when the caller ran
-        the embedding itself (:meth:`embed_tokens`), with ``x`` unused."""
+        the embedding itself (:meth:`embed_tokens`), with ``x`` unused. ``frozen``: the frozen
+        prefix (``frozen_stages``' meaning, :meth:`trunk_frozen_modules`) runs without
+        autograd: nothing before it trains, so none of its activations is kept."""
         wanted = {i % self.num_layers for i in indices}
-        seq, grid = self.prepare_tokens(x) if embedded is None else embedded
+        grad = torch.is_grad_enabled()
+        with torch.set_grad_enabled(grad and frozen < 0):
+            seq, grid = self.prepare_tokens(x) if embedded is None else embedded
         outs = []
         for i, block in enumerate(self.blocks):
-            seq = block(seq, grid, self.num_prefix_tokens)
-            if i == self.num_layers - 1 and self.norm is not None:
-                seq = self.norm(seq)
+            with torch.set_grad_enabled(grad and i >= frozen):
+                seq = block(seq, grid, self.num_prefix_tokens)
+                if i == self.num_layers - 1 and self.norm is not None:
+                    seq = self.norm(seq)
             if i in wanted:
                 outs.append(self.seq_to_map(seq, grid))
         return outs
@@ -694,7 +700,9 @@ class ViTAdapter(VisionTransformerTrunk):
     16, 32); the image is padded to the adapter's ``size_divisibility`` and each level cropped
     back to ``ceil(H / s)``. ``frozen_stages``: -1 none, 0 the embedding (patch embed, CLS,
     pos-embed, pre-norm), ``k`` also blocks ``0..k-1``, ``num_layers`` also the final norm
-    (frozen parts: no grad and eval mode; the adapter is never frozen).
+    (frozen parts: no grad and eval mode; the adapter is never frozen). A frozen prefix runs
+    without autograd (its activations are not kept): the embedding and, without the
+    interaction adapter, the frozen blocks.
 
     ``neck='sam'`` (without an adapter): SAM's conv neck
     (:class:`~mmvitswin.core.layers.SamNeck`, ``neck_cfg``: ``out_channels``, default 256) on
@@ -785,17 +793,20 @@ class ViTAdapter(VisionTransformerTrunk):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, C_in, H, W) -> tuple of NCHW maps (see the module docstring for sizes)."""
         check_image_input(x, self.in_channels, model=self)
+        frozen = self.frozen_stages
         if self.neck is not None:
-            return (self.neck(self.forward_intermediates(x)[-1]), )
+            return (self.neck(self.forward_intermediates(x, frozen=frozen)[-1]), )
         if self.adapter is None:
-            return tuple(self.forward_intermediates(x, self.out_indices))
+            return tuple(self.forward_intermediates(x, self.out_indices, frozen=frozen))
         h, w = x.shape[-2:]
         multiple = self.adapter.size_divisibility
         x = F.pad(x, (0, pad_amount(w, multiple), 0, pad_amount(h, multiple)))
         if self.adapter_type == 'simple':
-            levels = self.adapter(self.forward_intermediates(x)[-1])
+            levels = self.adapter(self.forward_intermediates(x, frozen=frozen)[-1])
         else:  # the adapter runs the trunk's blocks on the trunk's embedding, group by group
-            seq, grid = self.prepare_tokens(x)
+            # (its injectors feed them: frozen blocks still pass gradients back to the adapter)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and frozen < 0):
+                seq, grid = self.prepare_tokens(x)
             levels = self.adapter(x, seq, grid, self.blocks, self.num_prefix_tokens)
         outs = []
         for i in self.out_indices:

@@ -37,6 +37,10 @@ from ...core.checkpoint.files import CheckpointError, check_checkpoint_file
 
 _TMP_MARK = '.tmp-'
 POINTER_FILE = 'last_checkpoint'
+# A sharded checkpoint (engine/fsdp.py) is a directory: torch.distributed.checkpoint's shards
+# and METADATA (written last), and the runner state beside them.
+METADATA = '.metadata'
+RUNNER_STATE = 'runner.pth'
 
 
 # -------------------------------------------------------------------------- atomic files
@@ -165,8 +169,18 @@ class AtomicCheckpointHook(CheckpointHook):
 
 
 # -------------------------------------------------------------------------------- resume
+def is_sharded_checkpoint(path: str) -> bool:
+    """A complete sharded checkpoint directory (saved by ``FSDP2Strategy``)."""
+    return osp.isdir(path) and all(
+        osp.isfile(osp.join(path, name)) for name in (METADATA, RUNNER_STATE))
+
+
 def is_complete_checkpoint(path: str) -> Optional[str]:
-    """None when ``path`` is a complete checkpoint file, else why not (one short phrase)."""
+    """None when ``path`` is a complete checkpoint file (or sharded checkpoint directory), else
+    why not (one short phrase)."""
+    if osp.isdir(path):
+        return None if is_sharded_checkpoint(path) else (
+            f'a directory without {METADATA} and {RUNNER_STATE}')
     try:
         check_checkpoint_file(path)
     except CheckpointError as exc:

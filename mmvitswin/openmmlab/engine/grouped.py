@@ -64,10 +64,13 @@ class GroupedOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         defaults = dict(lr=self.base_lr)
         if self.base_wd is not None:
             defaults['weight_decay'] = self.base_wd
-        merged = merge_param_groups(groups, defaults)
+        # frozen parameters (frozen_stages) never get a gradient: not the optimizer's
+        trained = [g for g in groups if any(p.requires_grad for p in g['params'])]
+        merged = merge_param_groups(trained, defaults)
         params.extend(merged)
-        print_log(f'GroupedOptimWrapperConstructor: {len(groups)} param groups merged into '
-                  f'{len(merged)}', logger='current')
+        print_log(f'GroupedOptimWrapperConstructor: {len(trained)} param groups merged into '
+                  f'{len(merged)} ({len(groups) - len(trained)} frozen left out)',
+                  logger='current')
 
     def _build(self, model: nn.Module, optimizer_cfg: dict) -> OptimWrapper:
         """mmengine's build with ``optimizer_cfg`` in place of the configured one."""

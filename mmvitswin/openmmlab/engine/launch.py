@@ -27,6 +27,7 @@ from mmengine.config import Config, ConfigDict
 from mmengine.registry import RUNNERS
 
 from .amp import apply_amp, resolve_amp_dtype
+from .checkpoint_io import is_sharded_checkpoint
 from .safe_load import UntrustedCheckpointError, check_trusted
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
@@ -191,6 +192,8 @@ def _check_checkpoint(path: str, what: str) -> None:
     if '://' in path:
         return
     path = osp.expanduser(path)
+    if is_sharded_checkpoint(path):  # FSDP2Strategy's (engine/fsdp.py): tensors, no pickle
+        return
     if not osp.isfile(path):
         raise ToolError(f'{what} file not found: {path}')
     try:
