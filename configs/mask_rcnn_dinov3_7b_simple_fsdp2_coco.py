@@ -3,10 +3,11 @@
 # FSDP2 on MMEngine's FlexibleRunner: Meta's downstream recipe keeps the 7B frozen and trains
 # what sits on it. The frozen trunk runs without autograd (no activations kept); each block is
 # an FSDP unit gathered in bf16 just before it runs, so a process holds 1/N of the 27 GB of
-# fp32 weights. Only the pyramid, FPN and heads train (AdamW, fp32 master weights).
+# fp32 weights, and reads only its 1/N from the checkpoint (meta_init). Only the pyramid, FPN
+# and heads train (AdamW, fp32 master weights).
 #   tools/dist_train.sh configs/mask_rcnn_dinov3_7b_simple_fsdp2_coco.py 8
 # Memory per GPU: docs/fsdp.md. Sharded checkpoints: iter/epoch_N.pth are directories;
-# tools/convert_checkpoint.py --consolidate makes a single file for tools/test.py.
+# tools/convert_checkpoint.py ITER_DIR OUT_FILE makes a single file for tools/test.py.
 _base_ = './mask_rcnn_vit_adapter_dinov3_b_simple_coco_1x.py'
 
 # gated weights; the HF snapshot directory (its safetensors shards), Meta's or timm's file
@@ -21,7 +22,8 @@ model = dict(
 runner_type = 'FlexibleRunner'
 strategy = dict(
     type='mmvitswin.FSDP2Strategy',
-    mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'))
+    mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'),
+    meta_init=True)  # blocks built empty, each process reads its shards of the checkpoint
 # nothing of the trunk trains: one param group per setting, no layer-wise decay
 optim_wrapper = dict(
     _delete_=True,

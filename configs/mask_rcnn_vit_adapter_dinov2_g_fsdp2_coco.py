@@ -22,5 +22,6 @@ model = dict(
 runner_type = 'FlexibleRunner'
 strategy = dict(
     type='mmvitswin.FSDP2Strategy',
-    mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'))
+    mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'),
+    meta_init=True)  # blocks built empty, each process reads its shards of the checkpoint
 optim_wrapper = dict(paramwise_cfg=dict(num_layers=40, layer_decay_rate=0.9))

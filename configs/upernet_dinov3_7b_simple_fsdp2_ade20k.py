@@ -15,7 +15,8 @@ model = dict(
 runner_type = 'FlexibleRunner'
 strategy = dict(
     type='mmvitswin.FSDP2Strategy',
-    mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'))
+    mixed_precision=dict(param_dtype='bfloat16', reduce_dtype='float32'),
+    meta_init=True)  # blocks built empty, each process reads its shards of the checkpoint
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',

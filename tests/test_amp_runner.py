@@ -127,6 +127,21 @@ def test_bf16_on_cuda_with_mmcv_roi_align_is_refused_at_the_command_line():
     prepare_config(Config.fromfile(config), config, amp=True, cuda=True, amp_dtype='bf16')
 
 
+def test_fp16_on_a_dinov3_config_is_refused_at_the_command_line():
+    """DINOv3 is not supported in fp16 (the default of --amp on CUDA): refused before training,
+    saying to use bf16; DINOv2 (no RoPE) goes through."""
+    from mmengine.config import Config
+    from mmvitswin.openmmlab.engine.launch import ToolError, prepare_config
+    config = osp.join(ROOT, 'configs', 'upernet_vit_adapter_dinov3_b_ade20k.py')
+    with pytest.raises(ToolError, match=r'fp16.*DINOv3.*bfloat16.*--amp-dtype bf16'):
+        prepare_config(Config.fromfile(config), config, amp=True, cuda=True)
+    notes = prepare_config(Config.fromfile(config), config, amp=True, cuda=True,
+                           amp_dtype='bf16')
+    assert any('bf16 mixed precision on CUDA' in n for n in notes)
+    config = osp.join(ROOT, 'configs', 'upernet_vit_adapter_dinov2_b_ade20k.py')
+    prepare_config(Config.fromfile(config), config, amp=True, cuda=True)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 @pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
 def test_amp_on_cuda_uses_mmengine_wrapper(dtype):

@@ -39,6 +39,11 @@ def inputs(name: str, which: int, batch: int = 2) -> torch.Tensor:
 def test_amp_train_step_has_finite_grads_and_bf16_is_close_to_fp32(name, dtype):
     model = build(name).eval()
     x = inputs(name, 0)
+    if dtype == torch.float16 and getattr(model, 'rope_theta', None) is not None:
+        # DINOv3 is not supported in fp16 (FP16_REFUSAL in backbones/vit.py): refused, naming bf16
+        with pytest.raises(ValueError, match='bfloat16'), torch.autocast('cpu', dtype=dtype):
+            model(x)
+        return
     if dtype == torch.bfloat16:  # eval first: a train step would move BatchNorm statistics
         with torch.no_grad():
             ref = model(x)

@@ -11,6 +11,7 @@ training processes, also records the losses and compares each process's shards o
 parameter with the weights file's tensors.
 """
 import json
+import math
 import os
 import os.path as osp
 import socket
@@ -65,8 +66,9 @@ class SameOnEveryRank(Sampler):
 class FSDPProbe(Hook):
     priority = 'LOWEST'
 
-    def __init__(self, out_dir, init_file=None, kill_at_save=-1):
+    def __init__(self, out_dir, init_file=None, kill_at_save=-1, only=''):
         self.out_dir, self.init_file, self.kill_at_save = out_dir, init_file, kill_at_save
+        self.only = only
         os.makedirs(out_dir, exist_ok=True)
 
     def _write(self, name, record):
@@ -91,6 +93,8 @@ class FSDPProbe(Hook):
         want = torch.load(self.init_file, map_location='cpu', weights_only=True)['state_dict']
         errors, n = {}, get_world_size()
         for name, p in runner.model.named_parameters():
+            if not name.startswith(self.only):
+                continue
             local = p.to_local() if hasattr(p, 'to_local') else p
             pieces = torch.chunk(want[name], n, dim=0)  # FSDP2's dim-0 shards (fewer if small)
             part = pieces[get_rank()] if get_rank() < len(pieces) else want[name][:0]
@@ -256,3 +260,42 @@ def test_fsdp2_equals_one_process_resumes_exactly_and_survives_a_killed_save(wor
     sharded = read_sharded(str(wd / 'iter_4.pth'))
     assert sorted(full['state_dict']) == sorted(sharded['state_dict'])
     assert any(k.startswith('backbone.blocks.') for k in full['state_dict'])
+
+
+def test_meta_init_fills_each_shard_from_a_sharded_safetensors_snapshot(work):
+    """FSDP2Strategy(meta_init=True): the blocks are built on the meta device and each process
+    fills its shards from the backbone's checkpoint, here two safetensors shards and their
+    index; every process then holds exactly the file's pieces, and it trains."""
+    from safetensors.torch import save_file
+    full = torch.load(work / 'init.pth', map_location='cpu', weights_only=True)['state_dict']
+    trunk = {k[len('backbone.'):]: v.contiguous() for k, v in full.items()
+             if k.startswith('backbone.') and not k.startswith('backbone.adapter.')}
+    snap = work / 'trunk_snapshot'
+    snap.mkdir()
+    keys = sorted(trunk)
+    shards = {'model-00001-of-00002.safetensors': keys[::2],
+              'model-00002-of-00002.safetensors': keys[1::2]}
+    for name, part in shards.items():
+        save_file({k: trunk[k] for k in part}, str(snap / name))
+    (snap / 'model.safetensors.index.json').write_text(json.dumps(dict(
+        metadata={}, weight_map={k: n for n, part in shards.items() for k in part})))
+    cfg = _config(work, 'meta_init', init_file=str(work / 'init.pth'), only='backbone.blocks.')
+    with open(cfg, 'a') as f:
+        f.write(textwrap.dedent(f'''\
+            load_from = None
+            strategy = dict(meta_init=True)
+            model = dict(backbone=dict(init_cfg=dict(
+                _delete_=True, type='Pretrained',
+                checkpoint={str(snap / 'model.safetensors.index.json')!r})))
+            '''))
+    run = _train(work, cfg, work / 'wd_meta_init')
+    assert "shards filled from" in run.stdout + run.stderr
+    for rank in (0, 1):
+        with open(work / 'probe_meta_init' / f'weights_rank{rank}.jsonl') as f:
+            record = json.loads(f.readline())
+        assert len(record['errors']) > 10
+        bad = {k: v for k, v in record['errors'].items() if v != 0.0}
+        assert not bad, bad
+    losses = _losses(work / 'probe_meta_init')
+    assert sorted(losses) == list(range(1, ITERS + 1))
+    assert all(math.isfinite(r['loss']) for r in losses.values())

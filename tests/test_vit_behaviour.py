@@ -97,6 +97,42 @@ def test_frozen_stages_get_no_grad_and_stay_in_eval():
         assert (p.grad is None) == is_frozen, name
 
 
+def _kept_bytes(fn) -> int:
+    """Bytes of the tensors autograd keeps for the backward while ``fn()`` runs."""
+    kept = []
+
+    def pack(t):
+        kept.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(kept)
+
+
+@pytest.mark.parametrize('adapter', ['simple', None])
+def test_frozen_prefix_keeps_no_activations(adapter):
+    """A frozen prefix runs without autograd: with the whole trunk frozen, a training forward
+    keeps exactly what the pyramid alone keeps (nothing without one); frozen blocks 0-1 keep
+    less than none frozen, and the same outputs come out."""
+    torch.manual_seed(0)
+    kw = dict(out_indices=(3, )) if adapter is None else {}
+    x = torch.randn(1, 3, 64, 96)  # a multiple of 32: nothing padded
+    kept, outs = {}, {}
+    for frozen in (-1, 2, 4):
+        torch.manual_seed(0)
+        model = _model(adapter, frozen_stages=frozen, **kw).train()
+        kept[frozen] = _kept_bytes(lambda: outs.setdefault(frozen, model(x)))
+    with torch.no_grad():
+        last = model.forward_intermediates(x)[-1]
+    pyramid = 0 if adapter is None else _kept_bytes(lambda: model.adapter(last))
+    assert kept[4] == pyramid
+    assert pyramid < kept[2] < kept[-1]
+    for frozen in (2, 4):
+        for a, b in zip(outs[frozen], outs[-1]):
+            assert torch.equal(a, b)
+
+
 def test_with_cp_gives_same_values_and_grads():
     torch.manual_seed(0)
     a = _model('simple', window_size=3)

@@ -16,6 +16,10 @@ Examples::
     python tools/convert_checkpoint.py deit_base.pth vit_b.pth \
         --backbone '{"type": "ViTAdapter", "arch": "base"}' --prefix backbone.
 
+    # a sharded checkpoint directory saved under FSDP2Strategy -> one runner checkpoint file
+    # (weights, meta, message hub, schedulers; not the optimizer) for tools/test.py and DDP
+    python tools/convert_checkpoint.py work_dirs/cfg/iter_5000.pth iter_5000_full.pth
+
 The output is ``{'state_dict': ..., 'meta': {...}}``, loadable by ``init_cfg=dict(type=
 'Pretrained', checkpoint=...)`` and by the runner's ``load_from``. The input file is never
 modified, and an existing output file is not overwritten unless ``--force`` is given.
@@ -99,6 +103,16 @@ def main(argv=None) -> int:
     if os.path.abspath(args.dst) == os.path.abspath(args.src):
         print('convert_checkpoint: dst must differ from src', file=sys.stderr)
         return 2
+    from mmvitswin.openmmlab.engine.checkpoint_io import is_sharded_checkpoint
+    if os.path.isdir(args.src) and is_sharded_checkpoint(args.src):
+        from mmvitswin.openmmlab.engine.fsdp import consolidate_checkpoint
+        if args.backbone or args.prefix:
+            print('convert_checkpoint: a sharded runner checkpoint is consolidated as it is '
+                  '(--backbone and --prefix do not apply)', file=sys.stderr)
+            return 2
+        consolidate_checkpoint(args.src, args.dst)
+        print(f'consolidated the sharded checkpoint {args.src} into {args.dst}')
+        return 0
     backbone = None
     if args.backbone:
         try:

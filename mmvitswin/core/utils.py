@@ -1,10 +1,12 @@
-"""Small helpers shared by the backbones: input checks and dtype probes.
+"""Small helpers shared by the backbones: input checks, dtype probes, building parameters on
+another device.
 
 The config-driven layers (``build_act``, ``build_layer_norm``) live in
 :mod:`mmvitswin.core.layers.norm`, the argument validators (``check_positive_int`` & co.) and
 their error classes (``ArgumentError`` & co.) in :mod:`mmvitswin.core.validate`; both are
 re-exported here."""
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -29,6 +31,28 @@ def param_dtype(module: nn.Module) -> Optional[torch.dtype]:
         if p.is_floating_point():
             return p.dtype
     return None
+
+
+@contextlib.contextmanager
+def parameters_on(device: Optional[str]) -> Iterator[None]:
+    """Every parameter registered inside goes to ``device``; buffers stay where they are made.
+    ``'meta'`` builds modules without memory for their weights (each is allocated where its
+    module creates it and moved at once): a sharding strategy then gives each process its
+    shard and fills it from a checkpoint. None: nothing changes."""
+    if device is None:
+        yield
+        return
+
+    def move(module, name, param):
+        if param is None or param.device == torch.device(device):
+            return None
+        return nn.Parameter(param.detach().to(device), requires_grad=param.requires_grad)
+
+    handle = torch.nn.modules.module.register_module_parameter_registration_hook(move)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def check_image_input(x, in_channels: int, ndim: int = 4, name: str = 'x',

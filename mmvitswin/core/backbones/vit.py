@@ -33,9 +33,10 @@ from ..checkpoint.dinov3 import DINOV3_CHECKPOINTS, is_dinov3_checkpoint
 from ..checkpoint.loading import fit_checkpoint
 from ..checkpoint.sam import SAM_CHECKPOINTS, is_sam_checkpoint
 from ..layers import RotaryPositionEmbedding2d, SamNeck, apply_rope
+from ..compat import get_autocast_dtype, is_autocast_enabled
 from .base import TransformerBackbone, init_linear_and_norm, pretrained_to_init_cfg
 from .vit_adapter_modules import InteractionAdapter, _check_interaction_indexes
-from ..utils import (check_args, check_choice, check_image_input, check_int,
+from ..utils import (check_args, check_choice, check_image_input, check_int, parameters_on,
                      check_int_sequence, check_optional_dict, check_positive_int)
 
 ARCH_ZOO: Dict[str, dict] = {
@@ -105,6 +106,23 @@ for _name, _dims, _depth, _heads, _ffn, _hidden, _qkv_bias in (
         num_register_tokens=4, final_norm=True,
         defaults=dict(rope_theta=100.0, abs_pos_embed=False, qkv_bias=_qkv_bias,
                       norm_cfg=dict(type='LN', eps=1e-5)))
+
+
+# DINOv3 is released and supported in bf16 and fp32, not fp16 (its maintainers in
+# facebookresearch/dinov3#181; fp16 runs of its layers fail, transformers#41885): a trunk with
+# the 2-D RoPE refuses float16, in the tools before training and in the forward.
+FP16_REFUSAL = ('a DINOv3-style trunk (rope_theta set) does not run in float16: DINOv3 is '
+                'released for bf16 and fp32 only; use bfloat16 (tools: --amp-dtype bf16; '
+                "torch.autocast(..., dtype=torch.bfloat16); FSDP2Strategy "
+                "mixed_precision=dict(param_dtype='bfloat16'))")
+
+
+def fp16_refusal(backbone: dict) -> Optional[str]:
+    """Why a ``ViTAdapter``/``HybridViT`` built from the config dict ``backbone`` refuses
+    float16 (:data:`FP16_REFUSAL`), or None."""
+    kwargs = preset_defaults(backbone.get('arch', 'base'))
+    kwargs.update(backbone)
+    return FP16_REFUSAL if kwargs.get('rope_theta') is not None else None
 
 
 def preset_defaults(arch) -> dict:
@@ -376,6 +394,10 @@ class VisionTransformerTrunk(TransformerBackbone):
     ``feedforward_channels``), ``pos_embed_resize`` (the run-time rule:
     :data:`~mmvitswin.core.layers.POS_EMBED_RULES`; default the preset's, else
     ``interpolate_mode``). Presets also set ``patch_size``, ``img_size`` and ``final_norm``.
+    ``block_device='meta'``: the blocks' parameters are built without memory (their buffers
+    as usual), for a sharding strategy that gives each process its shard and fills it from the
+    pretrained checkpoint (``FSDP2Strategy(meta_init=True)``, docs/fsdp.md); such a trunk
+    cannot run until then.
     """
 
     def __init__(self,
@@ -411,9 +433,11 @@ class VisionTransformerTrunk(TransformerBackbone):
                  with_cp: bool = False,
                  patch_embed=None,
                  stem: str = 'patch',
+                 block_device: Optional[str] = None,
                  pretrained: Optional[str] = None,
                  init_cfg=None):
         super().__init__(init_cfg=pretrained_to_init_cfg(pretrained, init_cfg))
+        check_choice('block_device', block_device, (None, 'meta'))
         if stem not in ('patch', 'conv'):
             raise ValueError(f"stem must be 'patch' (one patchify conv) or 'conv' (3x3 conv "
                              f"stem), got {stem!r}")
@@ -536,15 +560,17 @@ class VisionTransformerTrunk(TransformerBackbone):
         self.norm_pre = build_layer_norm(norm_cfg, embed_dims) if pre_norm else None
 
         rates = linear_drop_path(drop_path_rate, num_layers)
-        self.blocks = nn.ModuleList([
-            ViTBlock(embed_dims, num_heads, ffn_dims,
-                     window_size=0 if i in global_attn_indexes else window_size,
-                     rel_pos_size=self.pretrain_grid if use_rel_pos else None,
-                     qkv_bias=qkv_bias, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
-                     drop_path_rate=rates[i], act_cfg=act_cfg, norm_cfg=norm_cfg,
-                     with_cp=with_cp, layer_scale_init_value=layer_scale_init_value,
-                     ffn_type=ffn_type, rope_theta=self.rope_theta) for i in range(num_layers)
-        ])
+        with parameters_on(block_device):
+            self.blocks = nn.ModuleList([
+                ViTBlock(embed_dims, num_heads, ffn_dims,
+                         window_size=0 if i in global_attn_indexes else window_size,
+                         rel_pos_size=self.pretrain_grid if use_rel_pos else None,
+                         qkv_bias=qkv_bias, drop_rate=drop_rate,
+                         attn_drop_rate=attn_drop_rate, drop_path_rate=rates[i],
+                         act_cfg=act_cfg, norm_cfg=norm_cfg, with_cp=with_cp,
+                         layer_scale_init_value=layer_scale_init_value, ffn_type=ffn_type,
+                         rope_theta=self.rope_theta) for i in range(num_layers)
+            ])
         self.norm = build_layer_norm(norm_cfg, embed_dims) if final_norm else None
         self.init_trunk_weights()
 
@@ -627,6 +653,10 @@ class VisionTransformerTrunk(TransformerBackbone):
         """Patch-embedding output ``tokens: (B, h, w, C)`` -> ``(seq, grid)`` as
         :meth:`prepare_tokens` (CLS, resized pos-embed, dropout, pre-norm). Lets a caller that
         ran ``patch_embed`` itself (the hybrid keeps the CNN maps) finish the embedding."""
+        if self.rope_theta is not None and (tokens.dtype == torch.float16 or (
+                is_autocast_enabled(tokens.device.type) and
+                get_autocast_dtype(tokens.device.type) == torch.float16)):
+            raise ValueError(FP16_REFUSAL)
         b = tokens.shape[0]
         tokens = tokens.reshape(b, grid[0] * grid[1], -1)
         seq, cls = tokens, getattr(self, 'cls_token', None)

@@ -148,22 +148,24 @@ def allowed_names(extra_globals: Sequence = ()) -> set:
 
 
 def safe_torch_load(file, map_location=None, source: Optional[str] = None,
-                    extra_globals: Sequence = ()):
+                    extra_globals: Sequence = (), mmap: bool = False):
     """``torch.load`` with the weights-only unpickler, numpy's array/scalar/dtype types and
     ``extra_globals`` allowed (entries as for ``torch.serialization.add_safe_globals``).
 
     Raises :class:`UntrustedCheckpointError` (naming the offending types and how to override)
     for anything else, unless ``MMVITSWIN_TRUST_CHECKPOINTS=1`` is set. On torch < 2.6
     (``WEIGHTS_ONLY_LOADING`` False) this is ``torch.load(weights_only=False)``. The allow-list
-    is scoped to this call (torch's process-wide list is left as it was).
+    is scoped to this call (torch's process-wide list is left as it was). ``mmap``: the tensors
+    stay in the (memory-mapped) file until read (zip checkpoints).
     """
     source = source or (file if isinstance(file, str) else 'from a file object')
+    more = dict(mmap=True) if mmap else {}
     if trusted() or not WEIGHTS_ONLY_LOADING:
-        return torch.load(file, map_location=map_location, weights_only=False)
+        return torch.load(file, map_location=map_location, weights_only=False, **more)
     entries = list(numpy_globals()) + list(extra_globals)
     try:
         with compat.safe_globals(entries):
-            return torch.load(file, map_location=map_location, weights_only=True)
+            return torch.load(file, map_location=map_location, weights_only=True, **more)
     except pickle.UnpicklingError as exc:
         raise refusal(source, exc, file if isinstance(file, str) else None,
                       extra_globals) from None
@@ -377,10 +379,44 @@ def _device_of(map_location) -> str:
     return map_location if isinstance(map_location, str) else 'cpu'
 
 
-def load_safetensors_file(path: str, map_location='cpu', source: Optional[str] = None) -> dict:
-    """The tensors of a ``.safetensors`` file, checked first (:func:`check_safetensors_file`)."""
+# safetensors dtype names -> torch
+_SAFETENSORS_DTYPES = {
+    'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16,
+    'I64': torch.int64, 'I32': torch.int32, 'I16': torch.int16, 'I8': torch.int8,
+    'U8': torch.uint8, 'BOOL': torch.bool}
+
+
+def mmap_safetensors_file(path: str, header: Dict[str, dict], source: str) -> dict:
+    """The tensors of a checked ``.safetensors`` file (``header``: its entries) as views of the
+    memory-mapped file: nothing is read until used, and reading a slice reads only that slice
+    (a process loading its shard of each tensor)."""
+    size = osp.getsize(path)
+    with open(path, 'rb') as f:
+        start = 8 + struct.unpack('<Q', f.read(8))[0]
+    data = torch.UntypedStorage.from_file(path, shared=False, nbytes=size)
+    flat = torch.empty(0, dtype=torch.uint8).set_(data)
+    out = OrderedDict()
+    for key, entry in header.items():
+        dtype = _SAFETENSORS_DTYPES.get(entry.get('dtype'))
+        if dtype is None:
+            raise CheckpointError(source, 'damaged', f'{key} has dtype {entry.get("dtype")!r}, '
+                                  'which this reader does not know')
+        lo, hi = (start + int(v) for v in entry['data_offsets'])
+        raw = flat[lo:hi]
+        if lo % dtype.itemsize:  # a misaligned tensor: copied (views need aligned storage)
+            raw = raw.clone()
+        out[key] = raw.view(dtype).view(entry['shape'])
+    return out
+
+
+def load_safetensors_file(path: str, map_location='cpu', source: Optional[str] = None,
+                          mmap: bool = False) -> dict:
+    """The tensors of a ``.safetensors`` file, checked first (:func:`check_safetensors_file`);
+    ``mmap``: as views of the mapped file (:func:`mmap_safetensors_file`)."""
     source = source or path
-    check_safetensors_file(path, source)
+    header = check_safetensors_file(path, source)
+    if mmap:
+        return mmap_safetensors_file(path, header, source)
     if safetensors_torch is None:
         raise ImportError(f'reading {source} needs the safetensors package: '
                           f'pip install safetensors')
@@ -392,10 +428,11 @@ def load_safetensors_file(path: str, map_location='cpu', source: Optional[str] =
                               f'{first}') from None
 
 
-def _load_torch_file(path: str, map_location, source: str) -> dict:
+def _load_torch_file(path: str, map_location, source: str, mmap: bool = False) -> dict:
     check_checkpoint_file(path, source=source)
     try:
-        obj = safe_torch_load(path, map_location=map_location, source=source)
+        obj = safe_torch_load(path, map_location=map_location, source=source,
+                              mmap=mmap and zipfile.is_zipfile(path))
     except UntrustedCheckpointError:
         raise
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError,
@@ -429,9 +466,10 @@ def _config_beside(path: str, source: str) -> Optional[dict]:
     return _read_json(config, source, 'its config') if osp.isfile(config) else None
 
 
-def load_sharded_checkpoint(index: str, map_location='cpu', source: Optional[str] = None) -> dict:
+def load_sharded_checkpoint(index: str, map_location='cpu', source: Optional[str] = None,
+                            mmap: bool = False) -> dict:
     """Read every shard named by a ``*.index.json`` (``{"weight_map": {key: shard file}}``,
-    shards beside the index) and merge them. A missing shard is a
+    shards beside the index) and merge them (``mmap``: each shard mapped). A missing shard is a
     :class:`CheckpointNotFoundError`, a damaged one or a key the index promises but its shard
     lacks a :class:`CheckpointError`; all name the index and the shard."""
     source = source or index
@@ -451,7 +489,7 @@ def load_sharded_checkpoint(index: str, map_location='cpu', source: Optional[str
     for shard in shards:
         path = osp.join(root, shard)
         try:
-            part = _load_weights_file(path, map_location, path)[0]
+            part = _load_weights_file(path, map_location, path, mmap)[0]
         except CheckpointNotFoundError as exc:  # a dangling hub-cache link
             raise CheckpointNotFoundError(source, f'shard {shard}: {exc.detail}') from None
         except CheckpointError as exc:
@@ -465,14 +503,16 @@ def load_sharded_checkpoint(index: str, map_location='cpu', source: Optional[str
     return merged
 
 
-def _load_weights_file(path: str, map_location, source: str) -> Tuple[dict, str]:
+def _load_weights_file(path: str, map_location, source: str,
+                       mmap: bool = False) -> Tuple[dict, str]:
     """One local weights file of any supported kind -> (dict, kind); classified by content
-    (a zip / pickle is torch's whatever its name), then by name."""
+    (a zip / pickle is torch's whatever its name), then by name. ``mmap``: tensors left in the
+    mapped file until read (safetensors and zip checkpoints)."""
     if not osp.exists(path):
         raise CheckpointNotFoundError(source, f'no such file ({osp.abspath(path)})')
     name = osp.basename(path)
     if name.endswith('.json') and osp.isfile(path):
-        return load_sharded_checkpoint(path, map_location, source), 'sharded'
+        return load_sharded_checkpoint(path, map_location, source, mmap), 'sharded'
     head = b''
     if osp.isfile(path):
         with open(path, 'rb') as f:
@@ -482,8 +522,8 @@ def _load_weights_file(path: str, map_location, source: str) -> Tuple[dict, str]
     is_safetensors = _looks_like_safetensors(head, osp.getsize(path)) if head else False
     is_torch = not is_safetensors and (head.startswith(b'PK\x03\x04') or head[:1] == b'\x80')
     if is_safetensors or (not is_torch and name.endswith('.safetensors')):
-        return load_safetensors_file(path, map_location, source), 'safetensors'
-    obj = _load_torch_file(path, map_location, source)
+        return load_safetensors_file(path, map_location, source, mmap), 'safetensors'
+    obj = _load_torch_file(path, map_location, source, mmap)
     return obj, ('bin' if name.endswith('.bin') else 'torch')
 
 
@@ -546,10 +586,11 @@ def _checkpoint_path(checkpoint) -> str:
     return checkpoint
 
 
-def read_checkpoint(checkpoint: str, map_location='cpu') -> Checkpoint:
+def read_checkpoint(checkpoint: str, map_location='cpu', mmap: bool = False) -> Checkpoint:
     """Read a checkpoint from a local path (file or HuggingFace snapshot / hub cache
     directory, see the module docstring) or an http(s) URL; nothing is unpickled beyond the
-    weights-only allow-list.
+    weights-only allow-list. ``mmap``: the tensors stay in the memory-mapped file(s) until
+    read (safetensors and zip checkpoints; for loading shards of a model, docs/fsdp.md).
 
     Every failure is one error naming the path and the cause: :class:`CheckpointError`
     ('missing' as :class:`CheckpointNotFoundError`, 'damaged', 'not a checkpoint',
@@ -559,7 +600,7 @@ def read_checkpoint(checkpoint: str, map_location='cpu') -> Checkpoint:
     checkpoint = _checkpoint_path(checkpoint)
     if checkpoint.startswith(_URL_PREFIXES):
         path = fetch_checkpoint(checkpoint)
-        obj, kind = _load_weights_file(path, map_location, checkpoint)
+        obj, kind = _load_weights_file(path, map_location, checkpoint, mmap)
         return Checkpoint(obj, None, checkpoint, kind)
     path = osp.expanduser(checkpoint)
     if osp.isdir(path):
@@ -570,9 +611,9 @@ def read_checkpoint(checkpoint: str, map_location='cpu') -> Checkpoint:
         # errors name the weights file (inside the directory given, so that too)
         source = weights if osp.abspath(weights).startswith(osp.abspath(path)) else \
             f'{checkpoint} ({weights})'
-        obj = _load_weights_file(weights, map_location, source)[0]
+        obj = _load_weights_file(weights, map_location, source, mmap)[0]
         return Checkpoint(obj, config, checkpoint, 'hf-snapshot')
-    obj, kind = _load_weights_file(path, map_location, checkpoint)
+    obj, kind = _load_weights_file(path, map_location, checkpoint, mmap)
     config = _config_beside(path, checkpoint) if kind != 'torch' else None
     return Checkpoint(obj, config, checkpoint, kind)
 

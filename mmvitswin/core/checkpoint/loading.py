@@ -176,6 +176,39 @@ def fit_checkpoint(family: CheckpointFamily, sd: StateDict, model: nn.Module,
     return sd
 
 
+def _is_sharded(tensor) -> bool:
+    """A DTensor (a sharded model's parameter, e.g. under FSDP2)."""
+    return hasattr(tensor, 'to_local') and hasattr(tensor, 'placements')
+
+
+def _local_shard(full: torch.Tensor, target) -> torch.Tensor:
+    """This process's piece of ``full`` for the DTensor ``target`` (FSDP2's layout: dim-0
+    chunks over a 1-D mesh, the last ones empty when dim 0 is short); only that piece of a
+    memory-mapped ``full`` is read."""
+    mesh, (placement, ) = target.device_mesh, target.placements
+    if mesh.ndim != 1 or not placement.is_shard(0):
+        raise ValueError(f'loading into a tensor sharded as {target.placements} over a '
+                         f'{mesh.ndim}-D mesh is not supported (FSDP2 shards dim 0 on a 1-D mesh)')
+    rank, pieces = mesh.get_local_rank(), torch.chunk(full, mesh.size(), dim=0)
+    return pieces[rank] if rank < len(pieces) else full[:0]
+
+
+def _load(model: nn.Module, own: StateDict, state_dict: StateDict) -> LoadReport:
+    """``model.load_state_dict(state_dict, strict=False)``; into a sharded model (DTensor
+    parameters) each process copies its own piece of every tensor."""
+    if not any(_is_sharded(t) for t in own.values()):
+        result = model.load_state_dict(state_dict, strict=False)
+        return LoadReport(list(result.missing_keys), list(result.unexpected_keys))
+    with torch.no_grad():
+        for key, target in own.items():
+            if key in state_dict and _is_sharded(target):
+                target.to_local().copy_(_local_shard(state_dict[key], target))
+            elif key in state_dict:
+                target.copy_(state_dict[key])
+    return LoadReport([k for k in own if k not in state_dict],
+                      [k for k in state_dict if k not in own])
+
+
 def load_state_dict_reported(model: nn.Module, state_dict: StateDict,
                              source: str = 'checkpoint') -> LoadReport:
     """Load a converted state dict; refuse shape mismatches; warn once about leftover keys.
@@ -194,8 +227,7 @@ def load_state_dict_reported(model: nn.Module, state_dict: StateDict,
         raise ValueError(f'{source} does not fit {type(model).__name__} (different architecture?)'
                          ': ' + '; '.join(bad[:8]) + (f' (+{len(bad) - 8} more)' if len(bad) > 8
                                                      else ''))
-    result = model.load_state_dict(state_dict, strict=False)
-    report = LoadReport(list(result.missing_keys), list(result.unexpected_keys))
+    report = _load(model, own, state_dict)
     if report.missing or report.unexpected:
         parts = []
         if report.missing:
@@ -207,11 +239,13 @@ def load_state_dict_reported(model: nn.Module, state_dict: StateDict,
 
 
 def load_pretrained(model: nn.Module, checkpoint: str, prefix: Optional[str] = None,
-                    map_location='cpu') -> LoadReport:
+                    map_location='cpu', mmap: bool = False) -> LoadReport:
     """Load the checkpoint ``checkpoint`` (a file, sharded index, HuggingFace snapshot
     directory or URL, read by :func:`~mmvitswin.core.checkpoint.files.read_checkpoint`) into
-    ``model`` (see :func:`load_pretrained_dict`), passing its ``config.json`` when it has one."""
-    ckpt = read_checkpoint(checkpoint, map_location=map_location)
+    ``model`` (see :func:`load_pretrained_dict`), passing its ``config.json`` when it has one.
+    ``mmap``: the file stays mapped and each tensor is read when copied (into a sharded
+    model: only this process's piece of it)."""
+    ckpt = read_checkpoint(checkpoint, map_location=map_location, mmap=mmap)
     return load_pretrained_dict(model, ckpt.obj, source=str(checkpoint), prefix=prefix,
                                 config=ckpt.config)
 

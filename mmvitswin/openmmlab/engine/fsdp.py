@@ -23,10 +23,11 @@ piece is) plus ``runner.pth`` (meta, message hub, schedulers: what is not a tens
 atomic: the directory is written under a hidden temporary name and renamed when every process
 has finished, so a process killed mid-save leaves the previous checkpoint as it was, and
 ``--resume`` continues from the newest complete one. :func:`consolidate_checkpoint` (also
-``tools/convert_checkpoint.py --consolidate``) turns one into a single-file runner checkpoint
+``tools/convert_checkpoint.py SHARDED_DIR OUT_FILE``) turns one into a single-file runner checkpoint
 for ``tools/test.py`` and DDP users; a single-file checkpoint loads here as ``load_from``.
 """
 import contextlib
+import copy
 import glob
 import os
 import os.path as osp
@@ -42,14 +43,18 @@ import torch.nn as nn
 from mmengine._strategy import DDPStrategy
 from mmengine.device import get_device
 
+from ...core.backbones.vit import FP16_REFUSAL
+from ...core.checkpoint import load_pretrained
 from ..registry import STRATEGIES
-from .checkpoint_io import (METADATA, RUNNER_STATE, find_latest_complete_checkpoint,
-                            is_complete_checkpoint, is_sharded_checkpoint)
+from .checkpoint_io import (METADATA, RUNNER_STATE, atomic_write,
+                            find_latest_complete_checkpoint, is_complete_checkpoint,
+                            is_sharded_checkpoint)
 from .safe_load import load_runner_checkpoint, safe_torch_load
 
 try:  # torch >= 2.6
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict,
                                                          set_model_state_dict,
@@ -71,18 +76,21 @@ def _dtype(value, what: str) -> Optional[torch.dtype]:
     return DTYPES[value]
 
 
+def _is_a(module: nn.Module, names: Iterable[str]) -> bool:
+    """Is ``module``'s class, or one of its base classes, named in ``names``?"""
+    return any(c.__name__ in names for c in type(module).__mro__)
+
+
 def _units(model: nn.Module, names: Iterable[str]) -> list:
-    """The modules of ``model`` whose class (or a base class) is named in ``names``, children
-    before parents (the order ``fully_shard`` needs)."""
-    names = set(names)
-    found = [m for m in model.modules()
-             if m is not model and any(c.__name__ in names for c in type(m).__mro__)]
-    return found[::-1]
+    """The modules of ``model`` that :func:`_is_a` one of ``names``, children before parents
+    (the order ``fully_shard`` needs)."""
+    return [m for m in model.modules() if m is not model and _is_a(m, names)][::-1]
 
 
 # ------------------------------------------------------------------------ sharded files
 def _stale(tmp: str) -> bool:
-    """A temporary checkpoint directory whose writer (the pid in its name) is gone."""
+    """A temporary checkpoint directory whose writer (the pid in its name) is gone, or an
+    older checkpoint set aside by :func:`_publish` (``old-<pid>``)."""
     try:
         os.kill(int(tmp.rsplit(_TMP_MARK, 1)[1]), 0)
     except (ValueError, OSError):
@@ -99,8 +107,7 @@ def _fsync_tree(path: str) -> None:
             os.close(fd)
 
 
-def save_sharded(path: str, tensors: dict, runner_state: dict,
-                 publish: Optional[Callable[[str, str], None]] = None) -> None:
+def save_sharded(path: str, tensors: dict, runner_state: dict) -> None:
     """Write the sharded checkpoint ``path`` (a directory) from every process: ``tensors``
     (DTensor state dicts) through ``torch.distributed.checkpoint``, ``runner_state`` by rank 0.
     The directory appears under its name only once complete (module docstring)."""
@@ -124,7 +131,7 @@ def save_sharded(path: str, tensors: dict, runner_state: dict,
     if rank == 0:
         torch.save(runner_state, osp.join(tmp, RUNNER_STATE))
         _fsync_tree(tmp)
-        (publish or _publish)(tmp, path)
+        _publish(tmp, path)
     if dist.is_initialized():
         dist.barrier()
 
@@ -133,11 +140,13 @@ def _publish(tmp: str, path: str) -> None:
     """Rename the finished directory ``tmp`` to ``path`` (replacing an older one)."""
     aside = None
     if osp.lexists(path):
-        aside = f'{osp.dirname(path)}/.{osp.basename(path)}.old{_TMP_MARK}{os.getpid()}'
+        aside = f'{osp.dirname(path)}/.{osp.basename(path)}{_TMP_MARK}old-{os.getpid()}'
         os.replace(path, aside)
     os.replace(tmp, path)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True) if osp.isdir(aside) else os.remove(aside)
+    if aside is not None and osp.isdir(aside):
+        shutil.rmtree(aside, ignore_errors=True)
+    elif aside is not None:
+        os.remove(aside)
     with contextlib.suppress(OSError):
         fd = os.open(osp.dirname(path), os.O_RDONLY)
         os.fsync(fd)
@@ -150,7 +159,6 @@ def read_sharded(path: str) -> dict:
     if not is_sharded_checkpoint(path):
         raise FileNotFoundError(f'{path} is not a complete sharded checkpoint (a directory '
                                 f'with {METADATA} and {RUNNER_STATE})')
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     checkpoint = load_runner_checkpoint(osp.join(path, RUNNER_STATE), map_location='cpu')
     with tempfile.TemporaryDirectory(dir=osp.dirname(osp.abspath(path))) as tmp:
         file = osp.join(tmp, 'tensors.pth')
@@ -159,15 +167,13 @@ def read_sharded(path: str) -> dict:
     return checkpoint
 
 
-def consolidate_checkpoint(path: str, out_file: str, with_optimizer: bool = False) -> str:
+def consolidate_checkpoint(path: str, out_file: str) -> str:
     """Write the sharded checkpoint ``path`` as one runner checkpoint file ``out_file`` (what
-    ``tools/test.py`` and a DDP ``load_from`` read). The optimizer state is keyed by parameter
-    name there, which a plain optimizer cannot read back: left out unless asked for."""
+    ``tools/test.py`` and a DDP ``load_from`` read), without the optimizer state: it is keyed
+    by parameter name, which a plain optimizer cannot read back."""
     checkpoint = read_sharded(path)
-    if not with_optimizer:
-        checkpoint.pop('optimizer', None)
-    os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
-    torch.save(checkpoint, out_file)
+    checkpoint.pop('optimizer', None)
+    atomic_write(out_file, lambda tmp: torch.save(checkpoint, tmp))
     return out_file
 
 
@@ -180,10 +186,15 @@ class FSDP2Strategy(DDPStrategy):
         shard_units: class names of the modules sharded as their own unit (a subclass counts).
         low_precision_units: the units ``mixed_precision`` applies to.
         mixed_precision: ``dict(param_dtype=..., reduce_dtype=...)`` ('bfloat16', 'float16',
-            'float32' or None); None: everything in fp32.
+            'float32' or None); None: everything in fp32. float16 is refused for a DINOv3-style
+            trunk (``rope_theta``), which is not supported in fp16.
         reshard_after_forward: free each unit's gathered parameters after its forward (and
             gather them again for the backward): the least memory. False keeps them until
             the backward (less communication, more memory).
+        meta_init: build the backbone's blocks without memory (``block_device='meta'``),
+            shard them, then fill each process's shards straight from the backbone's
+            ``Pretrained`` checkpoint (memory-mapped: each process reads its pieces): no
+            process ever holds the whole trunk. Every block parameter must be in the file.
         **kwargs: MMEngine's ``DDPStrategy`` arguments (``sync_bn``, ...).
     """
 
@@ -192,7 +203,7 @@ class FSDP2Strategy(DDPStrategy):
                                                'Extractor'),
                  low_precision_units: Sequence[str] = ('ViTBlock', 'SwinBlockBase'),
                  mixed_precision: Optional[dict] = None,
-                 reshard_after_forward: bool = True, **kwargs):
+                 reshard_after_forward: bool = True, meta_init: bool = False, **kwargs):
         if not HAS_FSDP2:
             raise RuntimeError('FSDP2Strategy needs torch.distributed.fsdp.fully_shard '
                                f'(torch >= 2.6); this is torch {torch.__version__}')
@@ -207,6 +218,24 @@ class FSDP2Strategy(DDPStrategy):
         self.param_dtype = _dtype(mp.get('param_dtype'), 'mixed_precision.param_dtype')
         self.reduce_dtype = _dtype(mp.get('reduce_dtype'), 'mixed_precision.reduce_dtype')
         self.reshard_after_forward = reshard_after_forward
+        self.meta_init = meta_init
+        self._pretrained: Optional[dict] = None
+
+    def build_model(self, model: Union[nn.Module, dict]) -> nn.Module:
+        """With ``meta_init``, the backbone's blocks are built on the meta device and its
+        ``Pretrained`` checkpoint is kept for :meth:`_wrap_model` to load into the shards."""
+        if not self.meta_init or isinstance(model, nn.Module):
+            return super().build_model(model)
+        model = copy.deepcopy(model)
+        backbone = model.get('backbone')
+        init = backbone.get('init_cfg') if isinstance(backbone, dict) else None
+        if not (isinstance(init, dict) and init.get('type') == 'Pretrained'):
+            raise ValueError('FSDP2Strategy(meta_init=True) fills the backbone\'s blocks from '
+                             'its pretrained checkpoint: model.backbone.init_cfg must be '
+                             f"dict(type='Pretrained', checkpoint=...), got {init!r}")
+        self._pretrained = dict(init)
+        backbone.update(init_cfg=None, block_device='meta')
+        return super().build_model(model)
 
     # ------------------------------------------------------------------------- sharding
     def _setup_distributed(self, launcher: str = 'pytorch', backend: str = 'nccl', **kwargs):
@@ -222,8 +251,13 @@ class FSDP2Strategy(DDPStrategy):
                 'FSDP2Strategy shards the model over the processes of a distributed launch: '
                 'start it with tools/dist_train.sh CONFIG NUM_PROCS (or torchrun ... '
                 '--launcher pytorch)')
+        if self.param_dtype == torch.float16:
+            for module in model.modules():
+                if getattr(module, 'rope_theta', None) is not None:
+                    raise ValueError(f'FSDP2Strategy mixed_precision float16: {FP16_REFUSAL}')
         device = get_device()
-        model = self.convert_model(model.to(device))
+        with self._meta_blocks_aside(model):
+            model = self.convert_model(model.to(device))
         mesh = torch.distributed.device_mesh.init_device_mesh(
             'cuda' if device == 'cuda' else 'cpu', (dist.get_world_size(),))
         fp32 = MixedPrecisionPolicy(reduce_dtype=self.reduce_dtype)
@@ -234,15 +268,58 @@ class FSDP2Strategy(DDPStrategy):
             raise ValueError(f'FSDP2Strategy: no module of {type(model).__name__} is one of '
                              f'shard_units={self.shard_units}')
         for unit in units:
-            lowp = any(c.__name__ in self.low_precision_units for c in type(unit).__mro__)
+            lowp = _is_a(unit, self.low_precision_units)
             fully_shard(unit, mesh=mesh, mp_policy=low if lowp else fp32,
                         reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=fp32,
                     reshard_after_forward=self.reshard_after_forward)
+        if self._pretrained is not None:
+            self._load_into_shards(model, units, device)
         self.logger.info(f'FSDP2: {len(units)} units + the root over {dist.get_world_size()} '
                          f'processes; parameters gathered in {self.param_dtype or "fp32"} in '
                          f'{", ".join(self.low_precision_units)}')
         return model
+
+    @contextlib.contextmanager
+    def _meta_blocks_aside(self, model: nn.Module):
+        """With ``meta_init``: the backbone's (meta) blocks out of the model for what cannot
+        touch them (initialisation, moving to the device; :meth:`_load_into_shards` gives them
+        memory and values)."""
+        if self._pretrained is None:
+            yield
+            return
+        blocks = model.backbone.blocks
+        model.backbone.blocks = nn.ModuleList()
+        try:
+            yield
+        finally:
+            model.backbone.blocks = blocks
+
+    def _init_model_weights(self, model: nn.Module) -> nn.Module:
+        with self._meta_blocks_aside(model):
+            return super()._init_model_weights(model)
+
+    def _load_into_shards(self, model: nn.Module, units: list, device: str) -> None:
+        """``meta_init``: give the meta blocks memory for their shards (their buffers kept)
+        and fill them from the pretrained checkpoint; a block parameter the file lacks would
+        hold no value: an error naming it."""
+        for unit in units:
+            if any(p.is_meta for p in unit.parameters()):
+                buffers = {n: b.clone() for n, b in unit.named_buffers()}
+                unit.to_empty(device=device)
+                with torch.no_grad():
+                    for name, buf in unit.named_buffers():
+                        buf.copy_(buffers[name])
+        backbone = model.backbone
+        ckpt = self._pretrained
+        report = load_pretrained(backbone, ckpt['checkpoint'], prefix=ckpt.get('prefix'),
+                                 mmap=True)
+        unfilled = [k for k in report.missing if k.startswith('blocks.')]
+        if unfilled:
+            raise ValueError(f'FSDP2Strategy(meta_init=True): {ckpt["checkpoint"]} has no '
+                             f'{unfilled[0]} (and {len(unfilled) - 1} more block tensors): '
+                             'blocks built on the meta device hold no values of their own')
+        self.logger.info(f'FSDP2: the backbone\'s shards filled from {ckpt["checkpoint"]}')
 
     # ---------------------------------------------------------------------- state dicts
     def model_state_dict(self) -> dict:

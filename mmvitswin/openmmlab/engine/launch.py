@@ -26,6 +26,7 @@ import torch
 from mmengine.config import Config, ConfigDict
 from mmengine.registry import RUNNERS
 
+from ...core.backbones.vit import fp16_refusal
 from .amp import apply_amp, resolve_amp_dtype
 from .checkpoint_io import is_sharded_checkpoint
 from .safe_load import UntrustedCheckpointError, check_trusted
@@ -136,6 +137,10 @@ def prepare_config(cfg: Config, config_path: str, launcher: str = 'none',
             bf16_on_cuda = cuda and resolve_amp_dtype(amp_dtype, cuda) == 'bf16'
         except ValueError as exc:
             raise ToolError(str(exc)) from None
+        if resolve_amp_dtype(amp_dtype, cuda) == 'fp16' and 'model' in cfg:
+            why = fp16_refusal_of(cfg.model)
+            if why:
+                raise ToolError(f'--amp in fp16 (the default on CUDA): {why}')
         if bf16_on_cuda and 'model' in cfg:
             places = mmcv_roi_aligns(cfg.model)
             if places:
@@ -168,6 +173,16 @@ def prepare_config(cfg: Config, config_path: str, launcher: str = 'none',
         notes.append('distributed on CPU: gloo backend, DDP without device_ids')
     _fix_workers(cfg)
     return notes
+
+
+def fp16_refusal_of(model: dict) -> Optional[str]:
+    """Why the model config's backbone refuses float16 (a DINOv3-style ViT trunk), or None."""
+    backbone = model.get('backbone') if isinstance(model, dict) else None
+    if not isinstance(backbone, dict):
+        return None
+    kind = backbone.get('type', '')
+    kind = kind.split('.')[-1] if isinstance(kind, str) else getattr(kind, '__name__', '')
+    return fp16_refusal(backbone) if kind in ('ViTAdapter', 'HybridViT') else None
 
 
 def select_runner(cfg: Config) -> Optional[str]:
