@@ -557,3 +557,30 @@ def test_safetensors_header_length_starting_with_pickle_byte(tmp_path):
     ckpt = read_checkpoint(path)
     assert ckpt.kind == 'safetensors'
     assert torch.equal(ckpt.obj['w'], tensors['w'])
+
+
+def test_mmap_reads_the_same_tensors_as_the_library(tmp_path):
+    """read_checkpoint(mmap=True) (FSDP2's meta_init loading): every dtype, a tensor at an odd
+    byte offset, shards through their index and a zip .pth give the tensors as read normally."""
+    gen = torch.Generator().manual_seed(0)
+    sd = OrderedDict([
+        ('odd', torch.arange(3, dtype=torch.uint8)),  # the next tensors may start misaligned
+        ('f32', torch.randn(5, 7, generator=gen)),
+        ('bf16', torch.randn(4, 3, generator=gen).bfloat16()),
+        ('f16', torch.randn(6, generator=gen).half()),
+        ('f64', torch.randn(2, 2, generator=gen).double()),
+        ('i64', torch.arange(9).view(3, 3)),
+        ('flag', torch.tensor([True, False, True])),
+        ('empty', torch.zeros(0, 4)),
+    ])
+    single = tmp_path / 'one.safetensors'
+    safetensors_torch.save_file(sd, str(single))
+    (tmp_path / 'shards').mkdir()
+    index = _write_sharded(dict(sd), str(tmp_path / 'shards'), shards=2)
+    pth = tmp_path / 'one.pth'
+    torch.save(dict(sd), pth)
+    for path in (single, index, pth):
+        got = read_checkpoint(str(path), mmap=True).obj
+        assert sorted(got) == sorted(sd), path
+        for key, want in sd.items():
+            assert got[key].dtype == want.dtype and torch.equal(got[key], want), (path, key)

@@ -393,7 +393,7 @@ def mmap_safetensors_file(path: str, header: Dict[str, dict], source: str) -> di
     size = osp.getsize(path)
     with open(path, 'rb') as f:
         start = 8 + struct.unpack('<Q', f.read(8))[0]
-    data = torch.UntypedStorage.from_file(path, shared=False, nbytes=size)
+    data = torch.UntypedStorage.from_file(path, False, size)  # (filename, shared, nbytes)
     flat = torch.empty(0, dtype=torch.uint8).set_(data)
     out = OrderedDict()
     for key, entry in header.items():
