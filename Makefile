@@ -96,8 +96,7 @@ test: install
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=25 tests
 
 # One worker per core, one intra-op thread each: the fast tier is many small ops
-# (tests/conftest.py, MMVITSWIN_TEST_THREADS). 44 s on a 2-core AMD EPYC Zen 4 (70 s in one
-# process), 2026-12-04.
+# (tests/conftest.py, MMVITSWIN_TEST_THREADS); under a minute on 2 cores.
 test-fast: install
 	MMVITSWIN_TEST_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal \
 		-m "not slow" tests

@@ -106,7 +106,8 @@ class FSDPProbe(Hook):
         torch.manual_seed(1000 + runner.iter)
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        self._write('loss', dict(iter=runner.iter + 1, loss={k: float(v) for k, v in outputs.items()}))
+        losses = {k: float(v) for k, v in outputs.items()}
+        self._write('loss', dict(iter=runner.iter + 1, loss=losses))
 '''
 
 
