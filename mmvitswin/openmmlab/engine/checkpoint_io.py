@@ -26,6 +26,7 @@ import contextlib
 import glob
 import os
 import os.path as osp
+import shutil
 from typing import Callable, Optional
 
 from mmengine.dist import is_main_process
@@ -50,11 +51,13 @@ def _tmp_path(path: str) -> str:
 
 
 def _remove_stale_tmp(path: str) -> None:
-    """Temporary files of ``path`` left by killed processes (not ours, not alive)."""
+    """Temporary files (or sharded-checkpoint directories) of ``path`` left by killed
+    processes (not ours, not alive); the pid ends their name (``.tmp-<pid>``,
+    ``.tmp-old-<pid>``)."""
     head, tail = osp.split(path)
     for tmp in glob.glob(osp.join(glob.escape(head or '.'), f'.{glob.escape(tail)}{_TMP_MARK}*')):
         try:
-            pid = int(tmp.rsplit(_TMP_MARK, 1)[1])
+            pid = int(tmp.rsplit(_TMP_MARK, 1)[1].rsplit('-', 1)[-1])
         except ValueError:
             continue
         if pid == os.getpid():
@@ -66,8 +69,11 @@ def _remove_stale_tmp(path: str) -> None:
             pass
         except OSError:
             continue
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+        if osp.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
 
 def _fsync(path: str) -> None:

@@ -28,7 +28,6 @@ for ``tools/test.py`` and DDP users; a single-file checkpoint loads here as ``lo
 """
 import contextlib
 import copy
-import glob
 import os
 import os.path as osp
 import shutil
@@ -46,9 +45,9 @@ from mmengine.device import get_device
 from ...core.backbones.vit import FP16_REFUSAL
 from ...core.checkpoint import load_pretrained
 from ..registry import STRATEGIES
-from .checkpoint_io import (METADATA, RUNNER_STATE, atomic_write,
-                            find_latest_complete_checkpoint, is_complete_checkpoint,
-                            is_sharded_checkpoint)
+from .checkpoint_io import (_TMP_MARK, METADATA, RUNNER_STATE, _fsync, _remove_stale_tmp,
+                            _tmp_path, atomic_write, find_latest_complete_checkpoint,
+                            is_complete_checkpoint, is_sharded_checkpoint)
 from .safe_load import load_runner_checkpoint, safe_torch_load
 
 try:  # torch >= 2.6
@@ -63,7 +62,6 @@ try:  # torch >= 2.6
 except ImportError:  # torch 2.1: no fully_shard in torch.distributed.fsdp
     HAS_FSDP2 = False
 
-_TMP_MARK = '.tmp-'
 DTYPES = {'float32': torch.float32, 'fp32': torch.float32, 'bfloat16': torch.bfloat16,
           'bf16': torch.bfloat16, 'float16': torch.float16, 'fp16': torch.float16}
 
@@ -88,25 +86,6 @@ def _units(model: nn.Module, names: Iterable[str]) -> list:
 
 
 # ------------------------------------------------------------------------ sharded files
-def _stale(tmp: str) -> bool:
-    """A temporary checkpoint directory whose writer (the pid in its name) is gone, or an
-    older checkpoint set aside by :func:`_publish` (``old-<pid>``)."""
-    try:
-        os.kill(int(tmp.rsplit(_TMP_MARK, 1)[1]), 0)
-    except (ValueError, OSError):
-        return True
-    return False
-
-
-def _fsync_tree(path: str) -> None:
-    for name in os.listdir(path):
-        fd = os.open(osp.join(path, name), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def save_sharded(path: str, tensors: dict, runner_state: dict) -> None:
     """Write the sharded checkpoint ``path`` (a directory) from every process: ``tensors``
     (DTensor state dicts) through ``torch.distributed.checkpoint``, ``runner_state`` by rank 0.
@@ -114,15 +93,13 @@ def save_sharded(path: str, tensors: dict, runner_state: dict) -> None:
     path = osp.abspath(path)
     head, tail = osp.split(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    tmp = [osp.join(head, f'.{tail}{_TMP_MARK}{os.getpid()}')]
+    tmp = [_tmp_path(path)]  # rank 0's pid names it
     if dist.is_initialized():
         dist.broadcast_object_list(tmp, src=0)
     tmp = tmp[0]
     if rank == 0:
         os.makedirs(head, exist_ok=True)
-        for old in glob.glob(osp.join(glob.escape(head), f'.{glob.escape(tail)}{_TMP_MARK}*')):
-            if old != tmp and _stale(old):
-                shutil.rmtree(old, ignore_errors=True)
+        _remove_stale_tmp(path)
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     if dist.is_initialized():
@@ -130,14 +107,16 @@ def save_sharded(path: str, tensors: dict, runner_state: dict) -> None:
     dcp.save(tensors, checkpoint_id=tmp)
     if rank == 0:
         torch.save(runner_state, osp.join(tmp, RUNNER_STATE))
-        _fsync_tree(tmp)
+        for name in os.listdir(tmp):
+            _fsync(osp.join(tmp, name))
         _publish(tmp, path)
     if dist.is_initialized():
         dist.barrier()
 
 
 def _publish(tmp: str, path: str) -> None:
-    """Rename the finished directory ``tmp`` to ``path`` (replacing an older one)."""
+    """Rename the finished directory ``tmp`` to ``path`` (replacing an older one, set aside
+    under a name the next save's stale cleanup removes if this process dies here)."""
     aside = None
     if osp.lexists(path):
         aside = f'{osp.dirname(path)}/.{osp.basename(path)}{_TMP_MARK}old-{os.getpid()}'
@@ -147,10 +126,8 @@ def _publish(tmp: str, path: str) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     elif aside is not None:
         os.remove(aside)
-    with contextlib.suppress(OSError):
-        fd = os.open(osp.dirname(path), os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        _fsync(osp.dirname(path))
 
 
 def read_sharded(path: str) -> dict:
