@@ -15,6 +15,9 @@ outputs must equal the reference's at the same size, with the tolerances of the 
 those oracles come from. An entry without one skips the ``reference`` contract in zoo.py and
 says why.
 
+A second size (the entry's other one) must run through the same graph, forward and backward,
+without a recompilation, and give eager's outputs and input gradient.
+
 The models run in training mode with ``drop_path_rate=0`` (the only random op of the zoo's
 training paths: a reference cannot draw the same masks), so the training path is the one
 traced and compared. One compile per backbone (forward + backward) serves all three checks:
@@ -271,6 +274,16 @@ def test_traced_equals_eager_and_reference(name, request, tmp_path):
     floor = GRAD_FLOOR * max(float(g.abs().max()) for g in grads.values())
     for key, g in grads.items():
         _assert_close(t_grads[key], g, f'gradient of {key}', scale=floor)
+
+    # a second odd size runs the same graph, forward and backward: no guard of the first trace
+    # (a size, a stride that hinges on one, a memory layout) pins the example
+    x1 = example_input(name, 1)
+    outs1, x1_grad, _, weights1 = _run(model, x1)
+    with torch._dynamo.config.patch(error_on_recompile=True, **_SPECIALIZE_FLOATS):
+        t_outs1, t_x1_grad, _, _ = _run(model, x1, weights1, call=compiled)
+    for i, (a, b) in enumerate(zip(t_outs1, outs1)):
+        _assert_close(a, b, f'output {i} at the second size')
+    _assert_close(t_x1_grad, x1_grad, 'input gradient at the second size')
 
     if oracle is not None:
         with torch.no_grad():

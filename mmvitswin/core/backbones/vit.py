@@ -191,8 +191,13 @@ def resample_stride_to_16(x: torch.Tensor, stride: int) -> torch.Tensor:
 
 
 def crop_to(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
-    """Crop an NCHW map at the bottom/right to ``size`` (undoes corner padding)."""
-    return x[..., :size[0], :size[1]]
+    """Crop an NCHW map at the bottom/right to ``size`` (undoes corner padding).
+
+    A negative pad, not a slice: it writes a new tensor, whose strides do not depend on whether
+    anything was cropped. A slice's view would be contiguous in one of its layouts exactly when
+    nothing was cropped, and the backward of a traced graph guards on that, so one size that
+    needs no crop would recompile a graph traced at a size that did."""
+    return F.pad(x, (0, size[1] - x.shape[-1], 0, size[0] - x.shape[-2]))
 
 
 # --------------------------------------------------------------------------------- layers
@@ -841,9 +846,8 @@ class ViTAdapter(VisionTransformerTrunk):
         outs = []
         for i in self.out_indices:
             stride = 4 * 2**i
-            # dense NCHW: LayerNorm2d leaves channels-last strides and the crop a view, and
-            # mmcv's RoIAlign (CPU) reads its input as dense NCHW memory (a clone, whose
-            # layout does not hinge on whether the crop removed anything: no traced guard)
+            # dense NCHW: LayerNorm2d leaves channels-last strides (and the crop keeps them),
+            # and mmcv's RoIAlign (CPU) reads its input as dense NCHW memory
             level = crop_to(levels[i], (ceil_div(h, stride), ceil_div(w, stride)))
             outs.append(level.clone(memory_format=torch.contiguous_format))
         return tuple(outs)
