@@ -25,7 +25,7 @@ import torch.utils.checkpoint as cp
 
 from ..layers import (FFN, POS_EMBED_RULES, Attention, ConvStem, DropPath, LayerNorm2d,
                       LayerScale, PatchEmbed, SwiGLUFFN, build_act, build_layer_norm, ceil_div,
-                      linear_drop_path, merge_windows, pad_amount,
+                      crop_to, linear_drop_path, merge_windows, pad_amount,
                       partition_windows, resize_abs_pos_embed, resize_rel_pos_1d,
                       resolve_arch, resolve_indices, to_tuple, window_plan)
 from ..checkpoint.vit import VIT_CHECKPOINTS
@@ -188,16 +188,6 @@ def resample_stride_to_16(x: torch.Tensor, stride: int) -> torch.Tensor:
     which is at least ``H / 16`` for an image of ``H <= h * stride`` rows."""
     return F.interpolate(x, scale_factor=stride / 16, mode='bilinear', align_corners=False,
                          recompute_scale_factor=False)
-
-
-def crop_to(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
-    """Crop an NCHW map at the bottom/right to ``size`` (undoes corner padding).
-
-    A negative pad, not a slice: it writes a new tensor, whose strides do not depend on whether
-    anything was cropped. A slice's view would be contiguous in one of its layouts exactly when
-    nothing was cropped, and the backward of a traced graph guards on that, so one size that
-    needs no crop would recompile a graph traced at a size that did."""
-    return F.pad(x, (0, size[1] - x.shape[-1], 0, size[0] - x.shape[-2]))
 
 
 # --------------------------------------------------------------------------------- layers

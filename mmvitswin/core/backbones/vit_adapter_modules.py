@@ -61,7 +61,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ..compat import autocast_off
-from ..layers import DropPath, build_batch_norm, is_tracing
+from ..layers import DropPath, build_batch_norm, crop_to, is_tracing
 from ..utils import check_image_input
 from ..validate import check_args, check_number, check_positive_int
 
@@ -266,7 +266,7 @@ def resample_by_stride(x: torch.Tensor, src_stride: int, dst_stride: int, size: 
         return F.interpolate(x, size=size, mode='bilinear', align_corners=False)
     out = F.interpolate(x, scale_factor=src_stride / dst_stride, mode='bilinear',
                         align_corners=False, recompute_scale_factor=False)
-    return out[..., :size[0], :size[1]]
+    return crop_to(out, size)
 
 
 def tokens_to_maps(x: torch.Tensor, shapes: Sequence[HW]) -> List[torch.Tensor]:

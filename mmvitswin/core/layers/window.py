@@ -9,7 +9,7 @@ built the same way in eager runs and under ``torch.compile``/``torch.export``/ON
 integer ops on the sizes (no ``nonzero``, no ``.item()``, no remainder by a traced size), so
 every size traces alike and the model also runs on the ``meta`` device.
 """
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,16 @@ def pad_amount(size, multiple: int):
     """Zero padding that brings ``size`` up to a multiple of ``multiple`` (no ``%`` on the
     size: on a traced size it would end up inside later float expressions)."""
     return padded_size(size, multiple) - size
+
+
+def crop_to(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """Crop an NCHW map at the bottom/right to ``size`` (undoes corner padding).
+
+    A negative pad, not a slice: it writes a new tensor, whose strides do not depend on whether
+    anything was cropped. A slice's view would be contiguous in one of its layouts exactly when
+    nothing was cropped, and the backward of a traced graph guards on that, so one size that
+    needs no crop would recompile a graph traced at a size that did."""
+    return F.pad(x, (0, size[1] - x.shape[-1], 0, size[0] - x.shape[-2]))
 
 
 def end_pads(pads) -> list:
