@@ -2,23 +2,22 @@
 
 - AMP: forward under CPU autocast (bf16 and fp16), ``backward()`` outside it, as MMEngine's
   ``AmpOptimWrapper`` does; finite gradients, bf16 close to fp32;
-- ``torch.compile(dynamic=True, fullgraph=True)`` at two odd sizes, equal to eager, without a
-  recompilation between them (the interaction adapter: ``fullgraph=False``, see docs/deploy.md);
 - ONNX export with dynamic batch/H/W, run in onnxruntime at another odd size;
 - no state kept between calls: the memory a backbone holds does not depend on the batch size
   or on how many input sizes it has seen.
-"""
-import os
 
+``torch.compile(dynamic=True, fullgraph=True)`` of every backbone, forward and backward at two
+odd sizes without a recompilation, is tests/test_eager_traced.py.
+"""
 import pytest
 import torch
 
-from mmvitswin.core.compat import COMPILE_DYNAMIC_OK, CPU_AUTOCAST_FP16, HAS_DYNAMO_ONNX_EXPORT
+from mmvitswin.core.compat import CPU_AUTOCAST_FP16, HAS_DYNAMO_ONNX_EXPORT
 from conftest import max_rel_err
 from zoo import ZOO, create_model, example_input, params
 
 # every backbone: the zoo (tests/zoo.py); its two odd sizes per backbone need padding at every
-# stage, and the second must reuse the graph compiled at the first
+# stage (ONNX: exported at the first, run at the second)
 
 
 def build(name: str, seed: int = 0) -> torch.nn.Module:
@@ -75,39 +74,6 @@ def test_model_cast_to_bf16_runs_inference():
     for a, b in zip(low, ref):
         assert a.dtype == torch.bfloat16
         assert max_rel_err(a.float(), b) < 5e-2
-
-
-# -------------------------------------------------------------------------------- compile
-# The default backend checks what a size-generic graph needs from our code: Dynamo traces every
-# backbone as one graph with symbolic sizes and a second size reuses it. aot_eager (adds
-# AOTAutograd) and inductor (adds code generation) take 5-30+ minutes per backbone on 2 loaded
-# cores (docs/deploy.md lists what was measured): MMVITSWIN_TEST_COMPILE_BACKEND selects them.
-COMPILE_BACKEND = os.environ.get('MMVITSWIN_TEST_COMPILE_BACKEND', 'eager')
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # the hybrid: ~100 CPU-s of tracing
-@pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
-                    'models needs torch >= 2.6 (see mmvitswin.core.compat)')
-@pytest.mark.parametrize('name', params('compile'))
-def test_compile_dynamic_equals_eager_at_two_sizes_without_recompiling(name):
-    import torch._dynamo
-    torch._dynamo.reset()
-    model = build(name).eval()
-    # (on the CPU the interaction adapter's deformable attention is plain PyTorch too)
-    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=COMPILE_BACKEND)
-    with torch.no_grad():
-        for which in (0, 1):
-            x = inputs(name, which)
-            if which == 1:  # a second size must reuse the graph
-                with torch._dynamo.config.patch(error_on_recompile=True):
-                    got = compiled(x)
-            else:
-                got = compiled(x)
-            want = model(x)
-            for a, b in zip(got, want):
-                assert a.shape == b.shape
-                assert max_rel_err(a, b) < 1e-4
 
 
 # ----------------------------------------------------------------------------------- ONNX

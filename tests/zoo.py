@@ -2,10 +2,10 @@
 
 Every "for every backbone" test is parametrised over :func:`list_models`, as timm's tests are
 over ``timm.list_models()``: shapes at odd sizes, gradients, checkpoint round trip
-(tests/test_zoo_contract.py), AMP, ``torch.compile``, ONNX, bounded state
-(tests/test_deploy_paths.py), dense NCHW outputs (tests/test_output_layout.py), input checks
-(tests/test_reliability_inputs.py) and the torch-only fresh interpreter
-(tests/test_core_standalone.py). A backbone added here is covered by all of them.
+(tests/test_zoo_contract.py), AMP, ONNX, bounded state (tests/test_deploy_paths.py), eager =
+``torch.compile`` = a reference (tests/test_eager_traced.py), dense NCHW outputs
+(tests/test_output_layout.py), input checks (tests/test_reliability_inputs.py) and the
+torch-only fresh interpreter (tests/test_core_standalone.py). A backbone added here is covered by all of them.
 
 Adding a backbone is one entry in ``ZOO`` (and, if new, an import from ``mmvitswin.core``)::
 
@@ -54,12 +54,13 @@ Size = Tuple[int, ...]
 Stride = Union[int, Tuple[int, int, int]]
 
 # Contracts an entry may opt out of (with a reason): keep in step with the tests using them.
-# traced: eager = torch.compile(aot_eager, dynamic) (tests/test_eager_traced.py); reference: the
+# traced: eager = torch.compile(aot_eager, dynamic), forward and backward, and a second size
+# without a recompilation (tests/test_eager_traced.py); reference: the
 # same compiled outputs equal a reference implementation's on the same weights (its oracle in
 # tests/test_eager_traced.py; an entry without one skips it, saying why); meta: builds and runs
 # forward + backward on the meta device (tests/test_meta_device.py).
-CONTRACTS = ('shapes', 'gradients', 'checkpoint', 'amp', 'compile', 'onnx', 'bounded_state',
-             'layout', 'inputs', 'standalone', 'traced', 'reference', 'meta')
+CONTRACTS = ('shapes', 'gradients', 'checkpoint', 'amp', 'onnx', 'bounded_state', 'layout',
+             'inputs', 'standalone', 'traced', 'reference', 'meta')
 
 # Two odd image sizes that need padding at every stage (Swin-like pyramids, 4..32).
 IMAGE_SIZES: Tuple[Size, Size] = ((45, 77), (37, 53))
@@ -168,11 +169,11 @@ ZOO: Dict[str, Entry] = {
                              adapter='simple', adapter_cfg=dict(out_channels=32)),
                         out_channels=(32, 32, 32, 32),
                         skip={'reference': _NO_PYRAMID_REFERENCE}),
-    # patch 8 through the conv stem, no CLS token, windows of 4 with rel-pos: the simple
-    # pyramid from stride 8.
+    # patch 8 through the conv stem, no CLS token, windows of 4 without relative positions
+    # (windows with no attention bias): the simple pyramid from stride 8.
     'vit-simple-p8-conv-stem': Entry(
         ViTAdapter,
-        _vit(patch_size=8, stem='conv', with_cls_token=False, window_size=4, use_rel_pos=True,
+        _vit(patch_size=8, stem='conv', with_cls_token=False, window_size=4,
              adapter='simple', adapter_cfg=dict(out_channels=32)),
         out_channels=(32, 32, 32, 32), skip={'reference': _NO_PYRAMID_REFERENCE}),
     # ViT-Adapter: spatial prior module + interaction blocks with deformable attention, the
