@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 
 from ..compat import is_tracing
-from .window import same_size
 
 
 def resize_pos_embed(pos_embed: torch.Tensor, src_hw: Sequence[int], dst_hw: Sequence[int],
@@ -58,7 +57,7 @@ def resize_rel_pos_table(table: torch.Tensor, src_window: Sequence[int],
 
 def resize_rel_pos_1d(rel_pos: torch.Tensor, length: int) -> torch.Tensor:
     """Resize a decomposed (per-axis) relative-position table ``(L, C)`` to ``length`` rows."""
-    if same_size(rel_pos.shape[0], length):
+    if not is_tracing() and rel_pos.shape[0] == length:
         return rel_pos
     out = F.interpolate(rel_pos.t().unsqueeze(0).float(), size=length, mode='linear')
     return out.squeeze(0).t().to(rel_pos.dtype)
