@@ -20,9 +20,9 @@ without a recompilation, and give eager's outputs and input gradient.
 
 The models run in training mode with ``drop_path_rate=0`` (the only random op of the zoo's
 training paths: a reference cannot draw the same masks), so the training path is the one
-traced and compared. One compile per backbone (forward + backward) serves all three checks:
-the AOTAutograd trace of a small zoo model with symbolic sizes takes 15-115 s on one core
-(about 11 minutes for the zoo), hence the slow tier.
+traced and compared. One compile per backbone (forward + backward) serves all the checks:
+the AOTAutograd trace of a small zoo model with symbolic sizes takes 7-55 s on one core
+(about 6 minutes for the zoo), hence the slow tier.
 """
 import warnings
 from typing import Callable, Dict, List
@@ -41,7 +41,7 @@ from test_swin3d import _reference_pair, mma  # noqa: F401  (mma: mmaction2's mo
 
 pytestmark = [
     pytest.mark.slow(reason='torch.compile(aot_eager, dynamic=True) of every zoo backbone, '
-                     'forward and backward: 15-115 s of tracing each on one core'),
+                     'forward and backward: 7-55 s of tracing each on one core'),
     pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
                        'models needs torch >= 2.6 (see mmvitswin.core.compat)'),
 ]

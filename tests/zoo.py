@@ -5,7 +5,8 @@ over ``timm.list_models()``: shapes at odd sizes, gradients, checkpoint round tr
 (tests/test_zoo_contract.py), AMP, ONNX, bounded state (tests/test_deploy_paths.py), eager =
 ``torch.compile`` = a reference (tests/test_eager_traced.py), dense NCHW outputs
 (tests/test_output_layout.py), input checks (tests/test_reliability_inputs.py) and the
-torch-only fresh interpreter (tests/test_core_standalone.py). A backbone added here is covered by all of them.
+torch-only fresh interpreter (tests/test_core_standalone.py). A backbone added here is covered
+by all of them.
 
 Adding a backbone is one entry in ``ZOO`` (and, if new, an import from ``mmvitswin.core``)::
 
