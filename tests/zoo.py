@@ -131,7 +131,8 @@ _NO_ADAPTER_REFERENCE = ("ViT-Adapter's interaction adapter: its reference (the 
 _NO_HYBRID_REFERENCE = ("R50+ViT: the reference is timm's vit_base_r50_s16 (ResNetV2 + ViT), "
                         "which no test builds (timm imports here only behind a torchvision "
                         "stub); tests/test_hybrid_vit.py checks its parts by hand compositions")
-# Known failures (xfail, strict): delete the line when the test reports it fixed.
+# A PyTorch bug, shown on the op alone by a strict xfail in tests/test_eager_traced.py (its
+# XPASS says when it is fixed: then delete this skip and that test)
 _AA_BICUBIC_BACKWARD_DYNAMIC = (
     "PyTorch bug pytorch/pytorch#197622: the backward of F.interpolate(mode='bicubic', "
     "antialias=True) (timm's pos-embed resize) has no meta kernel for symbolic sizes, so "
@@ -193,8 +194,8 @@ ZOO: Dict[str, Entry] = {
                                  pos_embed_resize='bicubic-antialias', adapter='simple',
                                  adapter_cfg=dict(out_channels=32)),
                             out_channels=(32, 32, 32, 32),
-                            skip={'reference': _NO_PYRAMID_REFERENCE},
-                            xfail={'traced': _AA_BICUBIC_BACKWARD_DYNAMIC}),
+                            skip={'reference': _NO_PYRAMID_REFERENCE,
+                                  'traced': _AA_BICUBIC_BACKWARD_DYNAMIC}),
     # the interaction adapter on a patch-14 trunk (levels placed by stride in the image),
     # LayerScale + registers, Meta's DINOv2 pos-embed resize (scale factor with offset 0.1)
     'vit-p14-interaction': Entry(ViTAdapter,
