@@ -11,6 +11,7 @@ odd sizes without a recompilation, is tests/test_eager_traced.py.
 """
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mmvitswin.core.compat import CPU_AUTOCAST_FP16, HAS_DYNAMO_ONNX_EXPORT
 from conftest import max_rel_err
@@ -90,6 +91,42 @@ def test_onnx_export_with_dynamic_size_runs_at_another_size(name, tmp_path):
     export_onnx(model, inputs(name, 0), path)
     errors = compare_onnx(model, path, inputs(name, 1, batch=3))
     assert max(errors) < 1e-4, errors
+
+
+@pytest.mark.skipif(not HAS_DYNAMO_ONNX_EXPORT,
+                    reason='torch.onnx.export(dynamo=True) needs torch >= 2.5')
+def test_onnx_embedding_bag_sums_any_bags(tmp_path):
+    """Our translation of ``embedding_bag(mode='sum')`` (the deformable sampling's reads):
+    equal bags of a 2-D input with weights, and unequal and empty bags with offsets, with and
+    without ``include_last_offset``, at the traced size and another one."""
+    pytest.importorskip('onnxruntime')
+    pytest.importorskip('onnxscript')
+    from mmvitswin.core.deploy import export_onnx, run_onnx
+
+    class Bags(torch.nn.Module):
+        def forward(self, x):
+            table = torch.arange(60.).view(12, 5)
+            flat = x.flatten()
+            index = (flat * 12).long().clamp(0, 11)
+            n = flat.shape[0]
+            equal = F.embedding_bag(index.view(x.shape[0], -1), table, mode='sum',
+                                    per_sample_weights=x.flatten(1))
+            at = torch.arange(n + 1)  # bags: empty, [0, n/3), [n/3, n-1), [n-1, n), empty
+            offsets = torch.cat((at[:1], at[:1], at[n // 3:n // 3 + 1], at[n - 1:]))
+            unequal = F.embedding_bag(index, table, offsets, mode='sum', per_sample_weights=flat)
+            last = F.embedding_bag(index, table, offsets[1:], mode='sum', include_last_offset=True)
+            return equal, unequal, last
+
+    model = Bags()
+    path = str(tmp_path / 'bags.onnx')
+    export_onnx(model, torch.rand(3, 1, 2, 4), path)
+    for x in (torch.rand(3, 1, 2, 4), torch.rand(5, 1, 3, 3)):
+        want = model(x)
+        got = run_onnx(path, x)
+        assert [g.shape for g in got] == [w.shape for w in want]
+        for g, w in zip(got, want):
+            assert torch.allclose(g, w, atol=1e-4)
+        assert want[1][0].abs().sum() == 0 and want[1][4].abs().sum() == 0  # empty bags
 
 
 # ------------------------------------------------------------------------- bounded state

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from mmvitswin.core.backbones.vit_adapter_modules import (
     Injector, InteractionAdapter, MultiLevelDWConv, MultiScaleDeformableAttention, deform_inputs,
-    deformable_attention, maps_to_tokens, tokens_to_maps)
+    deformable_attention, maps_to_tokens, sample_levels, tokens_to_maps)
 from mmvitswin.core.layers import Attention
 from conftest import max_rel_err
 
@@ -139,6 +139,49 @@ def test_deformable_attention_matches_bilinear_reference():
     assert max_rel_err(ours, ref) < 1e-5
     # mmcv adds ``identity``; our wrapper passes it through unchanged when given.
     assert max_rel_err(with_identity, ref + query) < 1e-5
+
+
+def grid_sample_levels(value, shapes, locations, weights):
+    """The sampling core as ``grid_sample`` per level (mmcv's PyTorch fallback does the same):
+    the oracle of :func:`sample_levels`, values and gradients."""
+    b, _, heads, d = value.shape
+    out, start = 0, 0
+    for level, (h, w) in enumerate(shapes):
+        v = value[:, start:start + h * w].permute(0, 2, 3, 1).reshape(b * heads, d, h, w)
+        start += h * w
+        grid = (2 * locations[:, :, :, level] - 1).transpose(1, 2).flatten(0, 1)
+        read = F.grid_sample(v, grid, mode='bilinear', padding_mode='zeros', align_corners=False)
+        out = out + (read * weights[:, :, :, level].transpose(1, 2).flatten(0, 1)[:, None]).sum(-1)
+    return out.view(b, heads * d, -1).transpose(1, 2)
+
+
+@pytest.mark.parametrize('on_pixels', [False, True])
+def test_sampling_core_equals_grid_sample_with_gradients(on_pixels):
+    """Points inside, across the border and outside every level; ``on_pixels``: exactly on
+    pixel centres and edges (binary fractions, so both sides see the same exact floor), where
+    the bilinear weights of a corner are 0 or 1."""
+    torch.manual_seed(0)
+    shapes = [(4, 8), (2, 4), (1, 2)]
+    b, nq, heads, d, points = 2, 10, 3, 5, 4
+    value = torch.randn(b, 42, heads, d, dtype=torch.float64, requires_grad=True)
+    size = (b, nq, heads, len(shapes), points, 2)
+    if on_pixels:
+        locations = (torch.randint(-3, 20, size).double() / 16).requires_grad_()
+    else:
+        locations = (torch.rand(size, dtype=torch.float64) * 1.6 - 0.3).requires_grad_()
+    weights = torch.rand(size[:-1], dtype=torch.float64, requires_grad=True)
+    layout = deform_inputs([(1, 1)], shapes)
+    assert layout.level_sizes.tolist() == [[8, 4], [4, 2], [2, 1]]  # (w, h)
+    assert layout.level_starts.tolist() == [0, 32, 40]
+    ours = sample_levels(value, locations, weights, layout.level_sizes.double(),
+                         layout.level_starts)
+    ref = grid_sample_levels(value, shapes, locations, weights)
+    assert ours.shape == (b, nq, heads * d)
+    assert torch.allclose(ours, ref, atol=1e-12)
+    grad = torch.randn_like(ours)
+    for a, r in zip(torch.autograd.grad(ours, (value, locations, weights), grad),
+                    torch.autograd.grad(ref, (value, locations, weights), grad)):
+        assert torch.allclose(a, r, atol=1e-10)
 
 
 def test_deform_inputs_layout():

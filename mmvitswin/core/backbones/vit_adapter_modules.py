@@ -108,6 +108,8 @@ class DeformInputs(NamedTuple):
     """What deformable attention needs to know about its query and value layout."""
     reference_points: torch.Tensor  # (1, num_query, 1 or num_levels, 2), normalised (x, y)
     value_shapes: Tuple[HW, ...]  # (h, w) of each value level, in the value's order
+    level_sizes: torch.Tensor  # (num_levels, 2) float: (w, h) of each value level
+    level_starts: torch.Tensor  # (num_levels, ) long: the value row of each level's pixel 0
 
 
 def deform_inputs(query_shapes: Sequence[HW], value_shapes: Sequence[HW], device=None,
@@ -118,53 +120,71 @@ def deform_inputs(query_shapes: Sequence[HW], value_shapes: Sequence[HW], device
 
     ``query_extent`` (pixels ``(H, W)`` every query level covers) and ``value_extents`` (one
     per value level) place the levels in the image; None: all levels cover the same extent
-    (the original adapter's layout, reference points broadcast over the value levels)."""
+    (the original adapter's layout, reference points broadcast over the value levels).
+    Built once per forward and shared by every attention call on the same layout."""
     value_shapes = tuple((h, w) for h, w in value_shapes)
     scales = None
     if query_extent is not None and value_extents is not None:
         qh, qw = query_extent
         scales = [(qw / vw, qh / vh) for vh, vw in value_extents]
-    return DeformInputs(reference_points(query_shapes, device, scales), value_shapes)
+    # the sizes as tensors by ``full`` (they are symbolic while tracing, where ``torch.tensor``
+    # of them would fix them to the example's)
+    sizes = torch.stack([torch.stack((torch.full((), w, device=device),
+                                      torch.full((), h, device=device))) for h, w in value_shapes])
+    areas = sizes.prod(-1)
+    return DeformInputs(reference_points(query_shapes, device, scales), value_shapes,
+                        sizes.float(), areas.cumsum(0) - areas)
 
 
-def sample_levels(value: torch.Tensor, value_shapes: Sequence[HW], locations: torch.Tensor,
-                  weights: torch.Tensor) -> torch.Tensor:
+def sample_levels(value: torch.Tensor, locations: torch.Tensor, weights: torch.Tensor,
+                  level_sizes: torch.Tensor, level_starts: torch.Tensor) -> torch.Tensor:
     """The sampling core of multi-scale deformable attention, in plain PyTorch.
 
-    value: (B, Nv, heads, d) with ``Nv = sum(h * w)`` over ``value_shapes`` (level-major,
-    row-major inside a level); locations: (B, Nq, heads, levels, points, 2) normalised (x, y)
-    in [0, 1] (align_corners=False convention); weights: (B, Nq, heads, levels, points).
-    Every point reads its level bilinearly (zeros outside) and the reads are summed with their
-    weights, level by level (no stacked copy of all samples). Returns (B, Nq, heads * d).
+    value: (B, Nv, heads, d), its levels flattened level-major, row-major inside a level;
+    locations: (B, Nq, heads, levels, points, 2) normalised (x, y) in [0, 1] (align_corners=False
+    convention); weights: (B, Nq, heads, levels, points); ``level_sizes``, ``level_starts``:
+    as :class:`DeformInputs`. Returns (B, Nq, heads * d): every point's bilinear read of its
+    level (zeros outside) times its weight, summed, which is ``grid_sample(align_corners=False,
+    padding_mode='zeros')`` per level, with the same gradients.
+
+    A point at pixel ``p = location * (w, h) - 0.5`` reads the four pixels ``floor(p) + {0, 1}``
+    along x and y; a corner outside its level gets weight 0 and a clamped (valid) row. Every
+    (query, head) is one bag of ``levels * points * 4`` corners summed straight out of
+    ``value`` viewed as ``(B * Nv * heads, d)`` rows by one weighted ``embedding_bag``: no
+    per-level copy of the value and no tensor of all samples, which is what makes it several
+    times faster than ``grid_sample`` per level on a CPU; all levels at once, in a fixed
+    number of kernels.
     """
-    b, _, heads, d = value.shape
-    nq, points = locations.shape[1], locations.shape[4]
-    out = None
-    start = 0
-    for level, (h, w) in enumerate(value_shapes):
-        v = value[:, start:start + h * w].permute(0, 2, 3, 1).reshape(b * heads, d, h, w)
-        start += h * w
-        grid = (2 * locations[:, :, :, level] - 1).transpose(1, 2).reshape(b * heads, nq,
-                                                                          points, 2)
-        sampled = F.grid_sample(v, grid, mode='bilinear', padding_mode='zeros',
-                                align_corners=False)  # (B * heads, d, Nq, points)
-        weight = weights[:, :, :, level].transpose(1, 2).reshape(b * heads, 1, nq, points)
-        term = (sampled * weight).sum(-1)
-        out = term if out is None else out + term
-    return out.view(b, heads * d, nq).transpose(1, 2)
+    b, nv, heads, d = value.shape
+    nq = locations.shape[1]
+    device = value.device
+    extent = level_sizes[:, None, :, None]  # against (..., levels, points, axis, neighbour)
+    pixel = locations * level_sizes[:, None] - 0.5
+    low = pixel.floor()
+    frac = (pixel - low)[..., None]
+    near = low[..., None] + torch.arange(2, device=device)  # floor + {0, 1} on both axes
+    bilinear = torch.cat((1 - frac, frac), -1) * ((near >= 0) & (near < extent))
+    # row of (image, level, pixel, head) in value viewed as (B * Nv * heads, d) rows
+    near = torch.minimum(near.clamp(min=0), extent - 1).long()
+    stride = torch.stack((torch.ones_like(level_starts), level_sizes[:, 0].long()), -1)
+    pos = near * stride[:, None, :, None] * heads  # x and y parts of the row offset
+    first = (torch.arange(b, device=device).view(b, 1, 1, 1, 1) * (nv * heads)
+             + torch.arange(heads, device=device).view(heads, 1, 1)
+             + level_starts.view(-1, 1) * heads)  # (B, 1, heads, levels, 1)
+    rows = pos[..., 1, :, None] + pos[..., 0, None, :] + first[..., None, None]
+    corner_weights = (bilinear[..., 1, :, None] * bilinear[..., 0, None, :]
+                      * weights[..., None, None])  # y-neighbour x x-neighbour, as ``rows``
+    out = F.embedding_bag(rows.view(b * nq * heads, -1), value.reshape(-1, d), mode='sum',
+                          per_sample_weights=corner_weights.view(b * nq * heads, -1))
+    return out.view(b, nq, heads * d)
 
 
 def sampling_locations(reference: torch.Tensor, offsets: torch.Tensor,
-                       value_shapes: Sequence[HW]) -> torch.Tensor:
+                       level_sizes: torch.Tensor) -> torch.Tensor:
     """``reference: (1, Nq, 1 or L, 2)`` normalised points plus ``offsets: (B, Nq, heads, L,
     points, 2)`` in pixels of each level (normalised by that level's ``(w, h)``, as mmcv does)
     -> ``(B, Nq, heads, L, points, 2)`` normalised ``(x, y)``."""
-    per_level = reference.shape[2] > 1
-    return torch.stack([
-        reference[:, :, None, i if per_level else 0, None, :]
-        + torch.stack((offsets[:, :, :, i, :, 0] / w, offsets[:, :, :, i, :, 1] / h), -1)
-        for i, (h, w) in enumerate(value_shapes)
-    ], dim=3)
+    return reference[:, :, None, :, None] + offsets / level_sizes[:, None]
 
 
 def deformable_attention(attn: 'MultiScaleDeformableAttention', query: torch.Tensor,
@@ -191,8 +211,9 @@ def deformable_attention(attn: 'MultiScaleDeformableAttention', query: torch.Ten
     weights = weights.float().softmax(-1).view(b, nq, heads, levels, points)
     with autocast_off(query.device.type):
         locations = sampling_locations(inputs.reference_points.float(), offsets.float(),
-                                       inputs.value_shapes)
-        out = sample_levels(v.float(), inputs.value_shapes, locations, weights)
+                                       inputs.level_sizes)
+        out = sample_levels(v.float(), locations, weights, inputs.level_sizes,
+                            inputs.level_starts)
     out = attn.dropout(attn.output_proj(out.to(v.dtype)))
     return out if identity is None else out + identity
 
