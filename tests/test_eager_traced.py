@@ -36,7 +36,7 @@ from conftest import max_rel_err
 from mmvitswin.core.checkpoint import load_pretrained
 from mmvitswin.core.compat import COMPILE_DYNAMIC_OK
 from zoo import ZOO, CONTRACTS, as_tuple, create_model, example_input, list_models, params
-from zoo import _AA_BICUBIC_BACKWARD_DYNAMIC, perturb_like_trained
+from zoo import perturb_like_trained
 from test_swin3d import _reference_pair, mma  # noqa: F401  (mma: mmaction2's module, a fixture)
 
 pytestmark = [
@@ -293,26 +293,6 @@ def test_traced_equals_eager_and_reference(name, request, tmp_path):
             assert a.shape == b.shape, (i, a.shape, b.shape)
             err = max_rel_err(a, b)
             assert err < REF_TOL, f'output {i} against the reference: relative error {err:.2e}'
-
-
-@pytest.mark.xfail(strict=True, reason=_AA_BICUBIC_BACKWARD_DYNAMIC)
-def test_antialiased_bicubic_resize_trains_under_dynamic_compile():
-    """The bug that keeps ``vit-p14-simple`` out of the traced contract (zoo.py), on the op
-    alone: a static table resized to a size read off the input, as the pos-embed resize does.
-    When this passes (XPASS fails the run), drop that skip and this test."""
-    torch._dynamo.reset()
-    table = torch.nn.Parameter(torch.randn(1, 8, 4, 4))
-
-    def resized(x):
-        size = (x.shape[-2] // 14, x.shape[-1] // 14)
-        return F.interpolate(table, size=size, mode='bicubic', antialias=True,
-                             align_corners=False).sum() * x.mean()
-
-    compiled = torch.compile(resized, backend='aot_eager', dynamic=True, fullgraph=True)
-    x = torch.randn(1, 3, 70, 98, requires_grad=True)
-    compiled(x).backward()
-    want = torch.autograd.grad(resized(x), table)[0]
-    assert torch.allclose(table.grad, want, rtol=1e-5, atol=1e-6)
 
 
 def test_every_entry_has_an_oracle_or_says_why_not():

@@ -131,14 +131,6 @@ _NO_ADAPTER_REFERENCE = ("ViT-Adapter's interaction adapter: its reference (the 
 _NO_HYBRID_REFERENCE = ("R50+ViT: the reference is timm's vit_base_r50_s16 (ResNetV2 + ViT), "
                         "which no test builds (timm imports here only behind a torchvision "
                         "stub); tests/test_hybrid_vit.py checks its parts by hand compositions")
-# A PyTorch bug, shown on the op alone by a strict xfail in tests/test_eager_traced.py (its
-# XPASS says when it is fixed: then delete this skip and that test)
-_AA_BICUBIC_BACKWARD_DYNAMIC = (
-    "PyTorch bug pytorch/pytorch#197622: the backward of F.interpolate(mode='bicubic', "
-    "antialias=True) (timm's pos-embed resize) has no meta kernel for symbolic sizes, so "
-    "torch.compile(dynamic=True) of the training step fails with 'isIntList() INTERNAL ASSERT "
-    "FAILED' in aten._upsample_bicubic2d_aa_backward")
-
 ZOO: Dict[str, Entry] = {
     # Swin-T's layout (4 stages of 2 blocks: plain + shifted windows, patch merging), narrow.
     # The sizes keep every stage's window count on the same side of 1 at both sizes (compile
@@ -194,8 +186,7 @@ ZOO: Dict[str, Entry] = {
                                  pos_embed_resize='bicubic-antialias', adapter='simple',
                                  adapter_cfg=dict(out_channels=32)),
                             out_channels=(32, 32, 32, 32),
-                            skip={'reference': _NO_PYRAMID_REFERENCE,
-                                  'traced': _AA_BICUBIC_BACKWARD_DYNAMIC}),
+                            skip={'reference': _NO_PYRAMID_REFERENCE}),
     # the interaction adapter on a patch-14 trunk (levels placed by stride in the image),
     # LayerScale + registers, Meta's DINOv2 pos-embed resize (scale factor with offset 0.1)
     'vit-p14-interaction': Entry(ViTAdapter,

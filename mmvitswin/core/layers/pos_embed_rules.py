@@ -12,6 +12,9 @@ rule                       implementation
                            ``Dinov2Model``: ``F.interpolate(size=grid, mode='bicubic')``
 ``'bicubic-antialias'``    timm (``resample_abs_pos_embed``), HF ``Dinov2WithRegistersModel``,
                            Meta's DINOv2 with registers: the same with ``antialias=True``
+                           (computed as its two per-axis weight matrices: same values, and
+                           its backward traces with symbolic sizes, which PyTorch's
+                           antialiased kernel's does not)
 ``'bicubic-offset'``       Meta's DINOv2 without registers (``interpolate_offset=0.1``):
                            ``scale_factor=(grid + 0.1) / src``, so the sampling positions
                            follow that scale rather than ``src / grid`` (computed as a
@@ -40,11 +43,34 @@ def resample_pos_grid(grid: torch.Tensor, dst_hw: Sequence[int], rule: str) -> t
     grid = grid.float()
     if rule == 'bicubic-offset':
         out = _bicubic_offset(grid, dst_hw)
+    elif rule == 'bicubic-antialias':
+        src_h, src_w = grid.shape[-2:]
+        rows = _antialiased_bicubic_weights(dst_hw[0], src_h, grid.device)
+        cols = _antialiased_bicubic_weights(dst_hw[1], src_w, grid.device)
+        out = rows @ grid @ cols.T
     else:
         mode = 'bilinear' if rule == 'bilinear' else 'bicubic'
-        out = F.interpolate(grid, size=tuple(dst_hw), mode=mode, align_corners=False,
-                            antialias=rule == 'bicubic-antialias')
+        out = F.interpolate(grid, size=tuple(dst_hw), mode=mode, align_corners=False)
     return out.to(dtype)
+
+
+def _antialiased_bicubic_weights(n: int, m: int, device=None) -> torch.Tensor:
+    """``(n, m)``: row ``j`` holds the weights output cell ``j`` of a length-``n`` axis gives
+    the ``m`` source cells in ``F.interpolate(mode='bicubic', antialias=True,
+    align_corners=False)``. The cell's centre sits at source position ``(j + 0.5) * m / n``;
+    the cubic kernel (``a = -0.5``, as PIL's) is stretched by the downscale factor (by 1 when
+    upscaling), cut at the image's edges and normalised to sum 1. The scale is a tensor, so
+    a traced graph holds for every size (no branch on up- or downscaling)."""
+    scale = torch.full((), m, dtype=torch.float32, device=device) / n
+    stretch = scale.clamp(min=1)
+    centre = (torch.arange(n, dtype=torch.float32, device=device)[:, None] + 0.5) * scale
+    source = torch.arange(m, dtype=torch.float32, device=device) + 0.5
+    x = ((source - centre) / stretch).abs()
+    a = -0.5
+    near = ((a + 2) * x - (a + 3)) * x * x + 1  # |x| < 1
+    far = (((x - 5) * x + 8) * x - 4) * a  # 1 <= |x| < 2
+    weights = torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
+    return weights / weights.sum(-1, keepdim=True)
 
 
 def _bicubic_offset(grid: torch.Tensor, dst_hw: Sequence[int]) -> torch.Tensor:
