@@ -127,6 +127,8 @@ def test_onnx_embedding_bag_sums_any_bags(tmp_path):
         for g, w in zip(got, want):
             assert torch.allclose(g, w, atol=1e-4)
         assert want[1][0].abs().sum() == 0 and want[1][4].abs().sum() == 0  # empty bags
+    with pytest.raises(ValueError, match='opset must be >= 16'):
+        export_onnx(model, torch.rand(3, 1, 2, 4), path, opset=15)
 
 
 # ------------------------------------------------------------------------- bounded state

@@ -35,7 +35,7 @@ def parse_args(argv=None):
     p.add_argument('--out', help='output file (default: <type>.onnx)')
     p.add_argument('--tol', type=float, default=1e-4,
                    help='max error relative to the output magnitude (default 1e-4)')
-    p.add_argument('--opset', type=int, default=18)
+    p.add_argument('--opset', type=int, default=18, help='ONNX opset, >= 16')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
                    help='config overrides (config file) or backbone arguments (type)')
     return p.parse_args(argv)

@@ -29,6 +29,9 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str,
     if not HAS_DYNAMO_ONNX_EXPORT:
         raise RuntimeError(f'ONNX export needs torch >= 2.5 (torch.onnx.export(dynamo=True)); '
                            f'this is torch {torch.__version__}')
+    if opset < 16:
+        raise ValueError(f'opset must be >= 16 (ScatterND with reduction, used for '
+                         f'embedding_bag), got {opset}')
     from torch.export import Dim
     model = model.eval()
     with torch.no_grad():
@@ -37,9 +40,6 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: str,
     out_names = [f'out{i}' for i in range(len(outs))]
     name, axes = _input_names(example.dim())
     dynamic = {name: {axis: Dim.AUTO for axis in axes}}
-    if opset < 16:
-        raise ValueError(f'opset must be >= 16 (ScatterND with reduction, used for '
-                         f'embedding_bag), got {opset}')
     bags = {op: _embedding_bag_onnx for op in (torch.ops.aten._embedding_bag.default,
                                                torch.ops.aten._embedding_bag_forward_only.default,
                                                torch.ops.aten.embedding_bag.padding_idx)}
