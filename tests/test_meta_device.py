@@ -10,6 +10,7 @@ and in evaluation mode, forward and backward.
 """
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mmvitswin.core.compat import torch_at_least
 from zoo import ZOO, as_tuple, create_model, expected_shapes, params
@@ -28,6 +29,19 @@ def _build_on_meta(name: str) -> torch.nn.Module:
     return model
 
 
+def _meta_has_embedding_bag_weights_backward() -> bool:
+    """Whether this torch has a meta kernel for the backward of ``embedding_bag``'s
+    per-sample weights (the deformable sampling's): torch 2.1 has none (CPU and CUDA do)."""
+    table = torch.randn(3, 2, device='meta', requires_grad=True)
+    weights = torch.randn(1, 2, device='meta', requires_grad=True)
+    index = torch.zeros(1, 2, dtype=torch.long, device='meta')
+    try:
+        F.embedding_bag(index, table, mode='sum', per_sample_weights=weights).sum().backward()
+    except NotImplementedError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize('mode', ['train', 'eval'])
 @pytest.mark.parametrize('name', params('meta'))
 def test_forward_and_backward_run_on_the_meta_device(name, mode):
@@ -36,7 +50,14 @@ def test_forward_and_backward_run_on_the_meta_device(name, mode):
     outs = as_tuple(model(x))
     assert all(o.is_meta for o in outs)
     assert [tuple(o.shape) for o in outs] == expected_shapes(name, x.shape)
-    sum(o.sum() for o in outs).backward()
+    try:
+        sum(o.sum() for o in outs).backward()
+    except NotImplementedError as e:  # only that missing kernel; a host sync still fails
+        if ('_embedding_bag_per_sample_weights_backward' in str(e)
+                and not _meta_has_embedding_bag_weights_backward()):
+            pytest.skip(f'torch {torch.__version__} has no meta kernel for embedding_bag\'s '
+                        f'per-sample-weights backward (CPU and CUDA have one)')
+        raise
     assert x.grad is not None and x.grad.is_meta and x.grad.shape == x.shape
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not missing, f'no gradient reached {missing}'
