@@ -3,8 +3,11 @@ simple pyramid; Mask R-CNN and UPerNet) train: each config's model, with the tru
 its preset kept (patch 14 / RoPE / registers / LayerScale / windows + global blocks), takes two
 optimisation steps under the CPU bf16 AMP wrapper that ``tools/train.py --amp`` selects, through
 the config's own optimiser constructor (layer decay), on odd-size images. The losses are
-finite and the trunk moves, LayerScale and tokens included. (Building every config at full
-width and predicting: tests/test_configs.py.)"""
+finite and the trunk moves, LayerScale and tokens included. The necks and heads (mmdet's and
+mmseg's) keep their structure at an eighth of their widths: on a CPU without bf16 instructions
+PyTorch runs bf16 convolutions and matmuls outside oneDNN, and the full-width heads made each
+test minutes long there. (Building every config at full width and predicting:
+tests/test_configs.py.)"""
 import os.path as osp
 
 import pytest
@@ -62,6 +65,28 @@ def _narrow(cfg) -> str:
     return family
 
 
+# the widths that take the trunk's outputs; every other ``*channels`` width outside the backbone
+# is divided by HEAD_SHRINK
+TRUNK_FACING = {(('neck',), 'in_channels'), (('decode_head',), 'in_channels'),
+                (('auxiliary_head',), 'in_channels')}
+HEAD_SHRINK = 8
+
+
+def narrow_heads(model_cfg) -> None:
+    """Divide the integer channel widths of ``model_cfg``'s neck and heads by HEAD_SHRINK in
+    place (FPN 256 -> 32, box head FC 1024 -> 128, UPerNet 512 -> 64), leaving the backbone and
+    the widths that receive its outputs as they are."""
+    def visit(node, path):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                visit(value, path + (key,))
+            elif (key.endswith('channels') and isinstance(value, int) and path
+                  and (path, key) not in TRUNK_FACING):
+                assert value % HEAD_SHRINK == 0, ('.'.join(path + (key,)), value)
+                node[key] = value // HEAD_SHRINK
+    visit({k: v for k, v in model_cfg.items() if k != 'backbone'}, ())
+
+
 def _det_batch():
     from mmdet.testing import demo_mm_inputs
     return demo_mm_inputs(2, image_shapes=[(3, 97, 123), (3, 128, 90)], num_items=[3, 2],
@@ -83,8 +108,8 @@ def _seg_batch(num_classes: int):
 
 def build_to_train(cfg, precision: str = 'bf16'):
     """``cfg``'s model and the optimizer its own ``optim_wrapper`` builds, as tools/train.py
-    sets them up on a CPU (SyncBN replaced; ``precision='bf16'``: the ``--amp`` wrapper), in
-    the config's scope; segmentation models pass odd sizes through (padded to 32). Returns
+    sets them up on a CPU (SyncBN replaced; ``precision='bf16'``: the ``--amp`` wrapper; the
+    necks and heads narrowed by ``narrow_heads``), in the config's scope; segmentation models pass odd sizes through (padded to 32). Returns
     ``(model, wrapper, seg_classes)``, ``seg_classes`` None for a detector."""
     import mmvitswin  # noqa: F401
     from mmengine.optim import build_optim_wrapper
@@ -93,6 +118,7 @@ def build_to_train(cfg, precision: str = 'bf16'):
     from mmvitswin.openmmlab.engine.launch import replace_sync_bn
 
     replace_sync_bn(cfg.model)
+    narrow_heads(cfg.model)
     if precision == 'bf16':
         apply_amp(cfg.optim_wrapper, cuda=False, dtype='bf16')
     seg = 'decode_head' in cfg.model

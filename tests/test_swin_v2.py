@@ -718,7 +718,8 @@ def test_config_optimizer_gives_mmengines_settings_fused():
 @pytest.mark.parametrize('name', ['mask_rcnn_swinv2_t_coco.py', 'upernet_swinv2_t_ade20k.py',
                                   'mask_rcnn_swinv2_b_coco.py', 'upernet_swinv2_s_ade20k.py'])
 def test_config_trains_two_steps(name, precision):
-    """A Swin V2 config's model (one block per stage, the widths kept) takes two optimisation
+    """A Swin V2 config's model (one block per stage, the trunk's widths kept; the necks and heads
+    narrowed, as ``build_to_train`` does) takes two optimisation
     steps through the config's own optimizer (the grouped constructor, fused AdamW where torch
     has it) and, for bf16, the CPU AMP wrapper ``tools/train.py --amp`` selects, on odd-size
     images: finite losses, and the V2-only parameters (logit scales, the bias MLP, q bias)
