@@ -173,8 +173,9 @@ def test_sampling_core_equals_grid_sample_with_gradients(on_pixels):
     layout = deform_inputs([(1, 1)], shapes)
     assert layout.level_sizes.tolist() == [[8, 4], [4, 2], [2, 1]]  # (w, h)
     assert layout.level_starts.tolist() == [0, 32, 40]
-    ours = sample_levels(value, locations, weights, layout.level_sizes.double(),
-                         layout.level_starts)
+    assert layout.level_strides.tolist() == [[1, 8], [1, 4], [1, 2]]  # rows per x, y step
+    ours = sample_levels(value, locations, weights,
+                         layout._replace(level_sizes=layout.level_sizes.double()))
     ref = grid_sample_levels(value, shapes, locations, weights)
     assert ours.shape == (b, nq, heads * d)
     assert torch.allclose(ours, ref, atol=1e-12)

@@ -110,6 +110,7 @@ class DeformInputs(NamedTuple):
     value_shapes: Tuple[HW, ...]  # (h, w) of each value level, in the value's order
     level_sizes: torch.Tensor  # (num_levels, 2) float: (w, h) of each value level
     level_starts: torch.Tensor  # (num_levels, ) long: the value row of each level's pixel 0
+    level_strides: torch.Tensor  # (num_levels, 2) long: rows per step along x and y, (1, w)
 
 
 def deform_inputs(query_shapes: Sequence[HW], value_shapes: Sequence[HW], device=None,
@@ -132,18 +133,19 @@ def deform_inputs(query_shapes: Sequence[HW], value_shapes: Sequence[HW], device
     sizes = torch.stack([torch.stack((torch.full((), w, device=device),
                                       torch.full((), h, device=device))) for h, w in value_shapes])
     areas = sizes.prod(-1)
+    strides = torch.stack((torch.ones_like(sizes[:, 0]), sizes[:, 0]), -1)
     return DeformInputs(reference_points(query_shapes, device, scales), value_shapes,
-                        sizes.float(), areas.cumsum(0) - areas)
+                        sizes.float(), areas.cumsum(0) - areas, strides)
 
 
 def sample_levels(value: torch.Tensor, locations: torch.Tensor, weights: torch.Tensor,
-                  level_sizes: torch.Tensor, level_starts: torch.Tensor) -> torch.Tensor:
+                  layout: DeformInputs) -> torch.Tensor:
     """The sampling core of multi-scale deformable attention, in plain PyTorch.
 
     value: (B, Nv, heads, d), its levels flattened level-major, row-major inside a level;
     locations: (B, Nq, heads, levels, points, 2) normalised (x, y) in [0, 1] (align_corners=False
-    convention); weights: (B, Nq, heads, levels, points); ``level_sizes``, ``level_starts``:
-    as :class:`DeformInputs`. Returns (B, Nq, heads * d): every point's bilinear read of its
+    convention); weights: (B, Nq, heads, levels, points); ``layout``: the value's levels
+    (:class:`DeformInputs`; its sizes in the dtype of ``locations``). Returns (B, Nq, heads * d): every point's bilinear read of its
     level (zeros outside) times its weight, summed, which is ``grid_sample(align_corners=False,
     padding_mode='zeros')`` per level, with the same gradients.
 
@@ -158,19 +160,18 @@ def sample_levels(value: torch.Tensor, locations: torch.Tensor, weights: torch.T
     b, nv, heads, d = value.shape
     nq = locations.shape[1]
     device = value.device
-    extent = level_sizes[:, None, :, None]  # against (..., levels, points, axis, neighbour)
-    pixel = locations * level_sizes[:, None] - 0.5
+    extent = layout.level_sizes[:, None, :, None]  # against (..., levels, points, axis, corner)
+    pixel = locations * layout.level_sizes[:, None] - 0.5
     low = pixel.floor()
     frac = (pixel - low)[..., None]
     near = low[..., None] + torch.arange(2, device=device)  # floor + {0, 1} on both axes
     bilinear = torch.cat((1 - frac, frac), -1) * ((near >= 0) & (near < extent))
     # row of (image, level, pixel, head) in value viewed as (B * Nv * heads, d) rows
     near = torch.minimum(near.clamp(min=0), extent - 1).long()
-    stride = torch.stack((torch.ones_like(level_starts), level_sizes[:, 0].long()), -1)
-    pos = near * stride[:, None, :, None] * heads  # x and y parts of the row offset
+    pos = near * layout.level_strides[:, None, :, None] * heads  # x and y parts of the row
     first = (torch.arange(b, device=device).view(b, 1, 1, 1, 1) * (nv * heads)
              + torch.arange(heads, device=device).view(heads, 1, 1)
-             + level_starts.view(-1, 1) * heads)  # (B, 1, heads, levels, 1)
+             + layout.level_starts.view(-1, 1) * heads)  # (B, 1, heads, levels, 1)
     rows = pos[..., 1, :, None] + pos[..., 0, None, :] + first[..., None, None]
     corner_weights = (bilinear[..., 1, :, None] * bilinear[..., 0, None, :]
                       * weights[..., None, None])  # y-neighbour x x-neighbour, as ``rows``
@@ -212,8 +213,7 @@ def deformable_attention(attn: 'MultiScaleDeformableAttention', query: torch.Ten
     with autocast_off(query.device.type):
         locations = sampling_locations(inputs.reference_points.float(), offsets.float(),
                                        inputs.level_sizes)
-        out = sample_levels(v.float(), locations, weights, inputs.level_sizes,
-                            inputs.level_starts)
+        out = sample_levels(v.float(), locations, weights, inputs)
     out = attn.dropout(attn.output_proj(out.to(v.dtype)))
     return out if identity is None else out + identity
 
