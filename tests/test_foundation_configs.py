@@ -108,9 +108,10 @@ def _seg_batch(num_classes: int):
 
 def build_to_train(cfg, precision: str = 'bf16'):
     """``cfg``'s model and the optimizer its own ``optim_wrapper`` builds, as tools/train.py
-    sets them up on a CPU (SyncBN replaced; ``precision='bf16'``: the ``--amp`` wrapper; the
-    necks and heads narrowed by ``narrow_heads``), in the config's scope; segmentation models pass odd sizes through (padded to 32). Returns
-    ``(model, wrapper, seg_classes)``, ``seg_classes`` None for a detector."""
+    sets them up on a CPU (SyncBN replaced; ``precision='bf16'``: the ``--amp`` wrapper), in
+    the config's scope, with the necks and heads narrowed by ``narrow_heads``; segmentation
+    models pass odd sizes through (padded to 32). Returns ``(model, wrapper, seg_classes)``,
+    ``seg_classes`` None for a detector."""
     import mmvitswin  # noqa: F401
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import DefaultScope

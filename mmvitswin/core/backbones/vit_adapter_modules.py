@@ -145,9 +145,10 @@ def sample_levels(value: torch.Tensor, locations: torch.Tensor, weights: torch.T
     value: (B, Nv, heads, d), its levels flattened level-major, row-major inside a level;
     locations: (B, Nq, heads, levels, points, 2) normalised (x, y) in [0, 1] (align_corners=False
     convention); weights: (B, Nq, heads, levels, points); ``layout``: the value's levels
-    (:class:`DeformInputs`; its sizes in the dtype of ``locations``). Returns (B, Nq, heads * d): every point's bilinear read of its
-    level (zeros outside) times its weight, summed, which is ``grid_sample(align_corners=False,
-    padding_mode='zeros')`` per level, with the same gradients.
+    (:class:`DeformInputs`; its sizes in the dtype of ``locations``). Returns (B, Nq, heads *
+    d): every point's bilinear read of its level (zeros outside) times its weight, summed,
+    which is ``grid_sample(align_corners=False, padding_mode='zeros')`` per level, with the
+    same gradients.
 
     A point at pixel ``p = location * (w, h) - 0.5`` reads the four pixels ``floor(p) + {0, 1}``
     along x and y; a corner outside its level gets weight 0 and a clamped (valid) row. Every
