@@ -721,9 +721,10 @@ def test_config_trains_two_steps(name, precision):
     """A Swin V2 config's model (one block per stage, the trunk's widths kept; the necks and heads
     narrowed, as ``build_to_train`` does) takes two optimisation steps through the config's own
     optimizer (the grouped constructor, fused AdamW where torch has it) and, for bf16, the CPU
-    AMP wrapper ``tools/train.py --amp`` selects, on odd-size images: finite losses, and the V2-only parameters (logit scales, the bias MLP, q bias)
-    move. T in both heads; B (its 128-wide pyramid into the detector's neck) and S (T's widths,
-    its own drop path) in one each."""
+    AMP wrapper ``tools/train.py --amp`` selects, on odd-size images: finite losses, and the
+    V2-only parameters (logit scales, the bias MLP, q bias) move. T in both heads; B (its
+    128-wide pyramid into the detector's neck) and S (T's widths, its own drop path) in one
+    each."""
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
     import mmengine
