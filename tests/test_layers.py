@@ -70,6 +70,40 @@ def test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant():
     assert str(padded.shape[0]) == str(size)
 
 
+@pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
+                    'helpers needs torch >= 2.6 (see mmvitswin.core.compat)')
+def test_traced_window_count_is_a_product_of_the_grid():
+    """Under torch.compile(dynamic=True) the windows' batch dim is ``B * cells_h * cells_w``
+    as the helpers compute it, also where one dim of the token grid is the window itself (a
+    ViTDet window of 3 over the 3 token rows of a 45-pixel-high image): not the division
+    ``(B * L) // 9`` of the gathered length, which the shape reasoning cannot simplify and then
+    carries through every later shape of the block (a third of a windowed ViT's trace time)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(x):
+        b, h, w, _ = x.shape
+        grid = ((h + 15) // 16, (w + 15) // 16)
+        plan = window_plan(grid, (3, 3), (0, 0), x.device)
+        windows = partition_windows(x[:, :grid[0], :grid[1]], plan)
+        return windows, x.new_zeros(b * ceil_div(grid[0], 3) * ceil_div(grid[1], 3))
+
+    compiled = torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
+    for size in ((45, 77), (37, 69)):
+        x = torch.randn(2, *size, 4)
+        with torch._dynamo.config.patch(error_on_recompile=size == (37, 69)):
+            windows, _ = compiled(x)
+        assert torch.equal(windows, f(x)[0])
+    assert len(graphs) == 1
+    windows, count = (n.meta['example_value'] for n in list(graphs[0].graph.nodes)[-1].args[0])
+    assert str(windows.shape[0]) == str(count.shape[0])
+
+
 def pad_roll_partition(x, window, shift):
     """The references' chain: zero-pad each dim at its end, roll by -shift, partition."""
     pads = []

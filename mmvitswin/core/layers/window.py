@@ -149,13 +149,18 @@ class WindowPlan(NamedTuple):
     tokens window by window; ``is_pad (nW * N,)`` bool: the entries that are padding
     (``gather`` points them at token 0); ``scatter (L,)``: ``windows[:, scatter]`` puts every
     token back; ``mask``: the ``(nW, N, N)`` fp32 shift mask, None without a shift;
-    ``padded``: whether any entry is padding (always True while tracing)."""
+    ``padded``: whether any entry is padding (always True while tracing); ``num_windows``:
+    windows per image, the product of the window grid (the windows' batch dim is ``B *
+    num_windows``, a product: a traced size derived by division instead, ``(B * L) // N``,
+    is an expression the shape reasoning of ``torch.compile``/``torch.export`` cannot
+    simplify, and carries it through every later shape)."""
     window: Size
     gather: torch.Tensor
     is_pad: torch.Tensor
     scatter: torch.Tensor
     mask: Optional[torch.Tensor]
     padded: bool
+    num_windows: int
 
 
 def shift_mask_table(window: Size, shift: Size) -> torch.Tensor:
@@ -219,6 +224,9 @@ def window_plan(spatial: Size, window: Size, shift: Size, device: torch.device,
             numbers = torch.cat([numbers.narrow(axis, h, size - h), numbers.narrow(axis, 0, h)],
                                 axis)
     full = tuple(numbers.shape)
+    num_windows = 1
+    for p, w in zip(full, window):
+        num_windows *= cells_of(p, w)
     flat = window_partition(numbers[None, ..., None], window).reshape(-1)
     is_pad = flat < 0
     # padding entries all land in slot 0, which is dropped; every token lands once
@@ -229,7 +237,8 @@ def window_plan(spatial: Size, window: Size, shift: Size, device: torch.device,
         if mask_table is None:
             mask_table = shift_mask_table(window, shift).to(device)
         mask = mask_table.index_select(0, _window_kinds(full, window, shift, device))
-    return WindowPlan(tuple(window), flat.clamp_min(0), is_pad, scatter, mask, padded)
+    return WindowPlan(tuple(window), flat.clamp_min(0), is_pad, scatter, mask, padded,
+                      num_windows)
 
 
 def partition_windows(x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
@@ -242,7 +251,7 @@ def partition_windows(x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
     n = 1
     for w in plan.window:
         n *= w
-    return windows.view(-1, n, c)
+    return windows.view(b * plan.num_windows, n, c)
 
 
 def merge_windows(windows: torch.Tensor, plan: WindowPlan, shape) -> torch.Tensor:
