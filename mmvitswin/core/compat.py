@@ -12,10 +12,8 @@ What degrades on an older torch:
   files` loads checkpoints the way MMEngine itself does on that torch: ``torch.load`` with
   ``weights_only=False``, i.e. full pickle, which can run code embedded in the file. Only load
   checkpoints you trust there (the same as with plain MMEngine/MMDetection on that torch).
-* **Autocast-aware autograd functions**: ``torch.amp.custom_fwd``/``custom_bwd`` (torch 2.4)
-  are replaced by ``torch.cuda.amp.custom_fwd``/``custom_bwd`` for CUDA and by an equivalent
-  wrapper written here for other devices; the behaviour is the same. :func:`grad_scaler`
-  (``torch.amp.GradScaler``, torch 2.3) falls back to the CUDA one. fp16 autocast on CPU
+* **Loss scaling**: :func:`grad_scaler` (``torch.amp.GradScaler``, torch 2.3) falls back to
+  the CUDA one. fp16 autocast on CPU
   (``CPU_AUTOCAST_FP16``) is missing on torch 2.1 (bf16 only): :func:`autocast` says so, and the
   fp16-on-CPU tests skip.
 * **Autocast queries** (:func:`is_autocast_enabled`, :func:`get_autocast_dtype`) use the
@@ -38,7 +36,6 @@ What degrades on an older torch:
   (before 2.4) or no ``torch.nn.attention.sdpa_kernel`` (before 2.3).
 """
 import contextlib
-import functools
 import re
 import warnings
 from typing import Callable, Iterable, List, Optional, Tuple
@@ -199,7 +196,7 @@ def cast_floats(value, dtype: torch.dtype, only: Optional[Tuple[torch.dtype, ...
     ``dtype``; with ``only``, just the tensors whose dtype is in ``only`` (e.g.
     ``only=LOW_PRECISION`` brings bf16/fp16 outputs back to fp32 and leaves the rest).
 
-    The one recursive tensor caster of mmvitswin (custom_fwd's fallback, the AMP engine)."""
+    The one recursive tensor caster of mmvitswin (the AMP engine's)."""
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() and (only is None or value.dtype in only):
             return value.to(dtype)
@@ -209,72 +206,6 @@ def cast_floats(value, dtype: torch.dtype, only: Optional[Tuple[torch.dtype, ...
     if isinstance(value, dict):
         return {k: cast_floats(v, dtype, only) for k, v in value.items()}
     return value
-
-
-def _generic_custom_fwd(device_type: str, cast_inputs: Optional[torch.dtype]):
-    """``torch.amp.custom_fwd`` for torch < 2.4 on devices without ``torch.cuda.amp``'s."""
-
-    def decorator(forward: Callable) -> Callable:
-
-        @functools.wraps(forward)
-        def wrapped(ctx, *args, **kwargs):
-            ctx._mmvitswin_autocast_dtype = get_autocast_dtype(device_type)
-            active = is_autocast_enabled(device_type)
-            if cast_inputs is None or not active:
-                # backward runs under the same autocast state as this forward
-                ctx._mmvitswin_fwd_used_autocast = active
-                return forward(ctx, *args, **kwargs)
-            ctx._mmvitswin_fwd_used_autocast = False
-            with torch.autocast(device_type=device_type, enabled=False):
-                return forward(ctx, *cast_floats(args, cast_inputs),
-                               **cast_floats(kwargs, cast_inputs))
-
-        return wrapped
-
-    return decorator
-
-
-def _generic_custom_bwd(device_type: str):
-
-    def decorator(backward: Callable) -> Callable:
-
-        @functools.wraps(backward)
-        def wrapped(ctx, *args, **kwargs):
-            enabled = getattr(ctx, '_mmvitswin_fwd_used_autocast', False)
-            dtype = getattr(ctx, '_mmvitswin_autocast_dtype', None)
-            with torch.autocast(device_type=device_type, enabled=enabled, dtype=dtype):
-                return backward(ctx, *args, **kwargs)
-
-        return wrapped
-
-    return decorator
-
-
-def custom_fwd(device_type: str, cast_inputs: Optional[torch.dtype] = None):
-    """Decorator factory for an ``autograd.Function.forward``, as ``torch.amp.custom_fwd``.
-
-    Without ``cast_inputs`` the forward runs under the caller's autocast state and the matching
-    :func:`custom_bwd` re-enters that state. With ``cast_inputs`` (e.g. ``torch.float32``) and
-    autocast on, floating-point inputs are cast to it and the forward runs with autocast off.
-    Use as ``@custom_fwd('cpu')`` (or ``@custom_fwd(device_type='cpu')``) under
-    ``@staticmethod``.
-    """
-    amp_fwd = getattr(torch.amp, 'custom_fwd', None)
-    if amp_fwd is not None:
-        return functools.partial(amp_fwd, device_type=device_type, cast_inputs=cast_inputs)
-    if device_type == 'cuda':
-        return torch.cuda.amp.custom_fwd(cast_inputs=cast_inputs)
-    return _generic_custom_fwd(device_type, cast_inputs)
-
-
-def custom_bwd(device_type: str):
-    """Decorator factory for the matching ``backward`` (see :func:`custom_fwd`)."""
-    amp_bwd = getattr(torch.amp, 'custom_bwd', None)
-    if amp_bwd is not None:
-        return functools.partial(amp_bwd, device_type=device_type)
-    if device_type == 'cuda':
-        return torch.cuda.amp.custom_bwd
-    return _generic_custom_bwd(device_type)
 
 
 def grad_scaler(device_type: str = 'cuda', **kwargs):
@@ -381,8 +312,7 @@ __all__ = [
     'TORCH_VERSION', 'HAS_SAFE_GLOBALS', 'HAS_SAFE_GLOBAL_ALIASES', 'HAS_UNSAFE_GLOBALS_SCAN',
     'WEIGHTS_ONLY_DEFAULT', 'SDPA_HAS_SCALE', 'COMPILE_DYNAMIC_OK', 'HAS_TORCH_EXPORT',
     'HAS_DYNAMO_ONNX_EXPORT', 'torch_at_least', 'add_safe_globals',
-    'unsafe_globals_in_checkpoint', 'is_autocast_enabled', 'get_autocast_dtype', 'CPU_AUTOCAST_FP16',
-    'autocast', 'autocast_off', 'LOW_PRECISION', 'cast_floats', 'custom_fwd',
-    'custom_bwd', 'grad_scaler', 'is_compiling', 'is_exporting', 'is_tracing',
-    'statically_known_true'
+    'unsafe_globals_in_checkpoint', 'is_autocast_enabled', 'get_autocast_dtype',
+    'CPU_AUTOCAST_FP16', 'autocast', 'autocast_off', 'LOW_PRECISION', 'cast_floats',
+    'grad_scaler', 'is_compiling', 'is_exporting', 'is_tracing', 'statically_known_true'
 ]
