@@ -73,8 +73,8 @@ def make_msda(dims, heads, levels, points, ratio=1.0):
 
 
 class StandInBlock(nn.Module):
-    """A pre-norm attention block with the trunk blocks' call signature ``(seq, grid, P)``;
-    records its calls into ``log``."""
+    """A pre-norm attention block with the trunk blocks' call signature ``(seq, grid, P,
+    plan)`` (no windows: the adapter passes no plan); records its calls into ``log``."""
 
     def __init__(self, index, log, dims=DIMS):
         super().__init__()
@@ -82,7 +82,8 @@ class StandInBlock(nn.Module):
         self.norm = nn.LayerNorm(dims)
         self.attn = Attention(dims, 4)
 
-    def forward(self, seq, grid, num_prefix):
+    def forward(self, seq, grid, num_prefix, plan):
+        assert plan is None
         self.log.append((self.index, tuple(grid), num_prefix, seq))
         return seq + self.attn(self.norm(seq))
 

@@ -10,6 +10,7 @@ from conftest import max_rel_err
 from mmvitswin.core.checkpoint.vit import (adapt_vit_state_dict, convert_vit_state_dict,
                                       detect_vit_format, resample_patch_kernel)
 from mmvitswin.core.backbones.vit import ViTAdapter, ViTBlock, VisionTransformerTrunk
+from mmvitswin.core.layers import blocks_window_plan, window_plan
 
 SMALL = dict(arch=dict(embed_dims=64, num_layers=4, num_heads=2, feedforward_channels=128),
              img_size=64)
@@ -187,6 +188,51 @@ def test_windows_are_independent_and_cls_skips_attention():
     assert torch.allclose(out[:, 0], base[:, 0])
     want_cls = x[:, 0] + block.ffn(block.norm2(x[:, 0]))
     assert torch.allclose(base[:, 0], want_cls, atol=1e-6)
+
+
+@pytest.mark.parametrize('adapter', [None, 'simple', 'interaction'])
+def test_windowed_blocks_share_one_window_plan_per_forward(adapter):
+    """The trunk (and the interaction adapter, which runs the trunk's blocks) builds the window
+    plan of the token grid once per forward for all its windowed blocks: one ``scatter`` (the
+    plan's inverse index) per forward, however many blocks are windowed, and the same maps as
+    blocks that each build their own."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.scatters = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.scatters += func.overloadpacket is torch.ops.aten.scatter
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = _model(adapter, window_size=3, global_attn_indexes=(3, ), use_rel_pos=True).eval()
+    assert sum(block.window_size > 0 for block in model.blocks) == 3
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad(), Count() as count:
+        shared = model(x)
+    assert count.scatters == 1
+    with torch.no_grad():  # against blocks that each build their own plan: the same values
+        seq, grid = model.prepare_tokens(x)
+        plan = blocks_window_plan(model.blocks, grid, seq.device)
+        ref = seq
+        for block in model.blocks:
+            seq = block(seq, grid, model.num_prefix_tokens, plan)
+            ref = block(ref, grid, model.num_prefix_tokens)
+        assert torch.equal(seq, ref)
+    assert all(torch.isfinite(m).all() for m in shared)
+
+
+def test_window_plan_of_another_window_is_refused():
+    block = ViTBlock(32, 2, 64, window_size=3)
+    plan = window_plan((5, 7), (4, 4), (0, 0), torch.device('cpu'))
+    with pytest.raises(ValueError, match=r'plan is for windows of \(4, 4\)'):
+        block(torch.randn(1, 35, 32), (5, 7), 0, plan)
+    with pytest.raises(ValueError, match=r'share one window_size, got \[3, 4\]'):
+        blocks_window_plan([block, ViTBlock(32, 2, 64, window_size=4)], (5, 7), 'cpu')
+    assert blocks_window_plan([ViTBlock(32, 2, 64)], (5, 7), 'cpu') is None
 
 
 def test_default_global_blocks_vitdet():

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ..layers import (FFN, POS_EMBED_RULES, Attention, ConvStem, DropPath, LayerNorm2d,
-                      LayerScale, PatchEmbed, SwiGLUFFN, build_act, build_layer_norm, ceil_div,
-                      crop_to, linear_drop_path, merge_windows, pad_amount,
-                      partition_windows, resize_abs_pos_embed, resize_rel_pos_1d,
-                      resolve_arch, resolve_indices, to_tuple, window_plan)
+                      LayerScale, PatchEmbed, SwiGLUFFN, WindowPlan, blocks_window_plan,
+                      build_act, build_layer_norm, ceil_div, crop_to, linear_drop_path,
+                      merge_windows, pad_amount, partition_windows, resize_abs_pos_embed,
+                      resize_rel_pos_1d, resolve_arch, resolve_indices, to_tuple, window_plan)
 from ..checkpoint.vit import VIT_CHECKPOINTS
 from ..checkpoint.dinov3 import DINOV3_CHECKPOINTS, is_dinov3_checkpoint
 from ..checkpoint.loading import fit_checkpoint
@@ -262,15 +262,20 @@ class ViTBlock(nn.Module):
         self.ls2 = LayerScale(embed_dims, layer_scale_init_value) if with_ls else nn.Identity()
         self.drop_path = DropPath(drop_path_rate)
 
-    def _attention(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int):
+    def _attention(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int,
+                   plan: Optional[WindowPlan]):
         if not self.window_size:
             return self.attn(x, grid, num_prefix)
         b, _, c = x.shape
         prefix, tokens = x[:, :num_prefix], x[:, num_prefix:]
         window = (self.window_size, self.window_size)
+        if plan is None:
+            plan = window_plan(grid, window, (0, 0), x.device)
+        elif plan.window != window:
+            raise ValueError(f'plan is for windows of {plan.window}, this block attends in '
+                             f'windows of {window}')
         # zero padding after norm1 (as ViTDet), windows by one gather each way
         shape = (b, grid[0], grid[1], c)
-        plan = window_plan(grid, window, (0, 0), x.device)
         windows = partition_windows(tokens.reshape(shape), plan)
         out = merge_windows(self.attn(windows, window, 0), plan, shape)
         out = out.view(b, grid[0] * grid[1], c)
@@ -278,14 +283,18 @@ class ViTBlock(nn.Module):
             out = torch.cat([torch.zeros_like(prefix), out], dim=1)
         return out
 
-    def _forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int):
-        x = x + self.drop_path(self.ls1(self._attention(self.norm1(x), grid, num_prefix)))
+    def _forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int,
+                 plan: Optional[WindowPlan]):
+        x = x + self.drop_path(self.ls1(self._attention(self.norm1(x), grid, num_prefix, plan)))
         return x + self.drop_path(self.ls2(self.ffn(self.norm2(x))))
 
-    def forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int = 0):
+    def forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int = 0,
+                plan: Optional[WindowPlan] = None):
+        """``plan``: the window plan of ``grid`` (:func:`~..layers.blocks_window_plan`), which
+        the trunk builds once per forward for all its windowed blocks; None: built here."""
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, grid, num_prefix, use_reentrant=False)
-        return self._forward(x, grid, num_prefix)
+            return cp.checkpoint(self._forward, x, grid, num_prefix, plan, use_reentrant=False)
+        return self._forward(x, grid, num_prefix, plan)
 
 
 class SimpleFeaturePyramid(nn.Module):
@@ -370,8 +379,9 @@ class VisionTransformerTrunk(TransformerBackbone):
       ``seq: (B, P + h*w, C)`` (``P = num_prefix_tokens`` CLS tokens first, then the grid
       row-major) with pos-embed added (resized bicubically to ``grid``), dropout, pre-norm;
       ``embed_tokens(tokens, grid)`` does the part after ``patch_embed``.
-    - ``blocks``: an ``nn.ModuleList``, each called as ``block(seq, grid, num_prefix_tokens)``
-      (the interaction adapter receives it and runs the blocks in groups).
+    - ``blocks``: an ``nn.ModuleList``, each called as ``block(seq, grid, num_prefix_tokens,
+      plan)`` with the windowed blocks' shared plan (:func:`~..layers.blocks_window_plan`; the
+      interaction adapter receives the blocks and runs them in groups).
     - ``forward_intermediates(x, indices, embedded=None, frozen=-1)``: the NCHW maps after
       each block in ``indices`` (``final_norm`` applied after the last block): the one
       intermediates method.
@@ -690,10 +700,11 @@ class VisionTransformerTrunk(TransformerBackbone):
         grad = torch.is_grad_enabled()
         with torch.set_grad_enabled(grad and frozen < 0):
             seq, grid = self.prepare_tokens(x) if embedded is None else embedded
+        plan = blocks_window_plan(self.blocks, grid, seq.device)
         outs = []
         for i, block in enumerate(self.blocks):
             with torch.set_grad_enabled(grad and i >= frozen):
-                seq = block(seq, grid, self.num_prefix_tokens)
+                seq = block(seq, grid, self.num_prefix_tokens, plan)
                 if i == self.num_layers - 1 and self.norm is not None:
                     seq = self.norm(seq)
             if i in wanted:

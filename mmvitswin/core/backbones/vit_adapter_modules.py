@@ -40,7 +40,8 @@ Interface (stable; ``vit.py``'s ``ViTAdapter(adapter='interaction')`` relies on 
   ``(h, w) == ceil((H, W) / vit_stride)``.
 - ``blocks``: the trunk's blocks as a sequence (an ``nn.ModuleList``; not owned: their
   parameters stay the builder's); the adapter runs ``blocks[start:end]`` of each group, each
-  called as ``block(seq, grid, num_prefix_tokens) -> seq`` (``ViTBlock``'s signature). The
+  called as ``block(seq, grid, num_prefix_tokens, plan) -> seq`` (``ViTBlock``'s signature;
+  ``plan``: the windowed blocks' shared window plan, built once per forward). The
   adapter reads and writes the patch tokens; the prefix tokens travel through the blocks with
   them, as plain values (no state kept between calls).
 - Returns ``(B, out_channels, H/4, W/4)``, ``(.., H/8, W/8)``, ``(.., H/16, W/16)``,
@@ -61,7 +62,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
 from ..compat import autocast_off
-from ..layers import DropPath, build_batch_norm, crop_to, is_tracing
+from ..layers import (DropPath, WindowPlan, blocks_window_plan, build_batch_norm, crop_to,
+                      is_tracing)
 from ..utils import check_image_input
 from ..validate import check_args, check_number, check_positive_int
 
@@ -478,6 +480,7 @@ class Layout(NamedTuple):
     c_shapes: Tuple[HW, ...]  # (h, w) of c2, c3, c4
     inject: DeformInputs  # ViT tokens -> the c levels
     extract: DeformInputs  # c levels -> the ViT tokens
+    windows: Optional[WindowPlan]  # the windowed trunk blocks' plan of ``grid`` (or None)
 
 
 class InteractionBlock(nn.Module):
@@ -485,7 +488,8 @@ class InteractionBlock(nn.Module):
     more extractors reading the same final tokens).
 
     ``forward(x, c, prefix, blocks, layout)`` -> ``(x (B, h*w, C), c (B, Nc, C), prefix (B, P,
-    C))``; ``blocks``: the group's trunk blocks, run in order as ``block(seq, grid, P)``.
+    C))``; ``blocks``: the group's trunk blocks, run in order as ``block(seq, grid, P,
+    layout.windows)``.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, block_range: HW, n_points: int = 4,
@@ -514,7 +518,7 @@ class InteractionBlock(nn.Module):
         p = prefix.shape[1]
         seq = torch.cat([prefix, x], dim=1)
         for block in blocks:
-            seq = block(seq, layout.grid, p)
+            seq = block(seq, layout.grid, p, layout.windows)
         prefix, x = seq[:, :p], seq[:, p:]
         c = self.extractor(c, x, layout.extract, layout.c_shapes)
         for extractor in self.extra_extractors or ():
@@ -680,7 +684,8 @@ class InteractionAdapter(nn.Module):
             vit_hw = (hw[0] * s, hw[1] * s)
             inject = deform_inputs([hw], c_shapes, img.device, vit_hw, [img_hw] * 3)
             extract = deform_inputs(c_shapes, [hw], img.device, img_hw, [vit_hw])
-        layout = Layout(hw, c_shapes, inject, extract)
+        windows = blocks_window_plan(blocks, hw, img.device)
+        layout = Layout(hw, c_shapes, inject, extract, windows)
 
         for block in self.interactions:
             start, end = block.block_range

@@ -3,9 +3,9 @@ from .ffn import FFN, DropPath, drop_path_schedule
 from .patch import ConvStem, PatchEmbed, PatchMerging
 from .pos_embed import grid_size, resize_pos_embed, resize_rel_pos_1d, resize_rel_pos_table
 from ..compat import is_tracing
-from .window import (WindowPlan, ceil_div, crop_to, effective_window, merge_windows,
-                     pad_amount, partition_windows, relative_position_index, shift_mask_table,
-                     to_tuple, window_partition, window_plan, window_reverse)
+from .window import (WindowPlan, blocks_window_plan, ceil_div, crop_to, effective_window,
+                     merge_windows, pad_amount, partition_windows, relative_position_index,
+                     shift_mask_table, to_tuple, window_partition, window_plan, window_reverse)
 from .arch import linear_drop_path, resolve_arch, resolve_indices, validate_stages
 from .mlp import FcNamedFFN
 from .norm import LayerNorm2d, build_act, build_batch_norm, build_layer_norm, group_norm
@@ -15,7 +15,8 @@ from .cosine_window import (LOGIT_SCALE_MAX, CosineWindowAttention, continuous_p
 
 __all__ = [
     'Attention', 'WindowAttention', 'attention', 'FFN', 'DropPath', 'drop_path_schedule',
-    'ConvStem', 'PatchEmbed', 'PatchMerging', 'WindowPlan', 'window_plan', 'partition_windows',
+    'ConvStem', 'PatchEmbed', 'PatchMerging', 'WindowPlan', 'window_plan', 'blocks_window_plan',
+    'partition_windows',
     'merge_windows', 'grid_size', 'resize_pos_embed', 'resize_rel_pos_1d', 'resize_rel_pos_table',
     'is_tracing', 'ceil_div', 'crop_to', 'effective_window', 'pad_amount',
     'relative_position_index', 'shift_mask_table', 'to_tuple', 'window_partition',

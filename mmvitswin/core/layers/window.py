@@ -169,8 +169,9 @@ def shift_mask_table(window: Size, shift: Size) -> torch.Tensor:
     The references' mask: along a dim of padded length ``P`` the rolled positions fall in
     three regions, ``[0, P-w)``, ``[P-w, P-s)`` and ``[P-s, P)``, and token pairs from
     different regions get :data:`SHIFT_MASK_FILL` (padded tokens are not masked, as in
-    mmdet/mmseg/mmaction2). Only the last window along a shifted dim holds two regions (its offsets below ``w - s``
-    and from there on; every other window lies inside ``[0, P-w)``), so a window's mask
+    mmdet/mmseg/mmaction2). Only the last window along a shifted dim holds two regions (its
+    offsets below ``w - s`` and from there on; every other window lies inside ``[0, P-w)``),
+    so a window's mask
     depends on which shifted dims it is last along, not on the map's size: entry ``t`` is the
     mask of a window that is last along the shifted dims whose bit is set in ``t``."""
     axes = [a for a, s in enumerate(shift) if s]
@@ -239,6 +240,19 @@ def window_plan(spatial: Size, window: Size, shift: Size, device: torch.device,
         mask = mask_table.index_select(0, _window_kinds(full, window, shift, device))
     return WindowPlan(tuple(window), flat.clamp_min(0), is_pad, scatter, mask, padded,
                       num_windows)
+
+
+def blocks_window_plan(blocks, grid: Size, device: torch.device) -> Optional[WindowPlan]:
+    """The unshifted square-window plan of ``grid`` for the windowed blocks among ``blocks``
+    (a ``window_size`` > 0: ViTDet's; a trunk gives them all one size), built once per forward
+    and passed to each of them; None where no block is windowed."""
+    sizes = {getattr(block, 'window_size', 0) for block in blocks} - {0}
+    if not sizes:
+        return None
+    if len(sizes) > 1:
+        raise ValueError(f'the windowed blocks must share one window_size, got {sorted(sizes)}')
+    size = sizes.pop()
+    return window_plan(tuple(grid), (size, size), (0, 0), device)
 
 
 def partition_windows(x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
