@@ -77,7 +77,7 @@ def test_traced_window_count_is_a_product_of_the_grid():
     as the helpers compute it, also where one dim of the token grid is the window itself (a
     ViTDet window of 3 over the 3 token rows of a 45-pixel-high image): not the division
     ``(B * L) // 9`` of the gathered length, which the shape reasoning cannot simplify and then
-    carries through every later shape of the block (a third of a windowed ViT's trace time)."""
+    carries, at a cost, through every later shape of the block."""
     import torch._dynamo
     torch._dynamo.reset()
     graphs = []

@@ -13,9 +13,8 @@ What degrades on an older torch:
   ``weights_only=False``, i.e. full pickle, which can run code embedded in the file. Only load
   checkpoints you trust there (the same as with plain MMEngine/MMDetection on that torch).
 * **Loss scaling**: :func:`grad_scaler` (``torch.amp.GradScaler``, torch 2.3) falls back to
-  the CUDA one. fp16 autocast on CPU
-  (``CPU_AUTOCAST_FP16``) is missing on torch 2.1 (bf16 only): :func:`autocast` says so, and the
-  fp16-on-CPU tests skip.
+  the CUDA one. fp16 autocast on CPU (``CPU_AUTOCAST_FP16``) is missing on torch 2.1 (bf16
+  only): :func:`autocast` says so, and the fp16-on-CPU tests skip.
 * **Autocast queries** (:func:`is_autocast_enabled`, :func:`get_autocast_dtype`) use the
   per-device spellings of torch < 2.4. Same answers; under torch.compile on torch 2.1,
   :func:`get_autocast_dtype` is a graph break (dynamo cannot trace the old spelling).

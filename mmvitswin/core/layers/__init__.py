@@ -16,9 +16,8 @@ from .cosine_window import (LOGIT_SCALE_MAX, CosineWindowAttention, continuous_p
 __all__ = [
     'Attention', 'WindowAttention', 'attention', 'FFN', 'DropPath', 'drop_path_schedule',
     'ConvStem', 'PatchEmbed', 'PatchMerging', 'WindowPlan', 'window_plan', 'blocks_window_plan',
-    'partition_windows',
-    'merge_windows', 'grid_size', 'resize_pos_embed', 'resize_rel_pos_1d', 'resize_rel_pos_table',
-    'is_tracing', 'ceil_div', 'crop_to', 'effective_window', 'pad_amount',
+    'partition_windows', 'merge_windows', 'grid_size', 'resize_pos_embed', 'resize_rel_pos_1d',
+    'resize_rel_pos_table', 'is_tracing', 'ceil_div', 'crop_to', 'effective_window', 'pad_amount',
     'relative_position_index', 'shift_mask_table', 'to_tuple', 'window_partition',
     'window_reverse',
     'linear_drop_path', 'resolve_arch', 'resolve_indices', 'validate_stages', 'FcNamedFFN',

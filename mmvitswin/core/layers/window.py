@@ -171,9 +171,9 @@ def shift_mask_table(window: Size, shift: Size) -> torch.Tensor:
     different regions get :data:`SHIFT_MASK_FILL` (padded tokens are not masked, as in
     mmdet/mmseg/mmaction2). Only the last window along a shifted dim holds two regions (its
     offsets below ``w - s`` and from there on; every other window lies inside ``[0, P-w)``),
-    so a window's mask
-    depends on which shifted dims it is last along, not on the map's size: entry ``t`` is the
-    mask of a window that is last along the shifted dims whose bit is set in ``t``."""
+    so a window's mask depends on which shifted dims it is last along, not on the map's size:
+    entry ``t`` is the mask of a window that is last along the shifted dims whose bit is set
+    in ``t``."""
     axes = [a for a, s in enumerate(shift) if s]
     offsets = torch.meshgrid(*[torch.arange(w) for w in window], indexing='ij')
     masks = []
