@@ -37,13 +37,9 @@ def test_shift_mask_equals_the_loop_built_reference(padded, window, shift):
 
 
 @pytest.mark.slow(reason='torch.compile (Dynamo) at two sizes')
-@pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
-                    'helpers needs torch >= 2.6 (see mmvitswin.core.compat)')
-def test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant():
-    """Under torch.compile(dynamic=True) a window clamped to its input (the video Swin's small
-    maps) is that input's size: one window along the dim and no padding, as in eager, not
-    ``(2s - 1) // s`` (nested floor divisions that took Dynamo minutes to reason about); and
-    deciding so adds no guard: a second size reuses the graph."""
+def _compiled_with_graphs(f):
+    """``f`` under ``torch.compile(dynamic=True, fullgraph=True)`` (Dynamo reset first) and the
+    list that collects the FX graphs it captures."""
     import torch._dynamo
     torch._dynamo.reset()
     graphs = []
@@ -52,12 +48,22 @@ def test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant():
         graphs.append(gm)
         return gm.forward
 
+    return torch.compile(f, dynamic=True, fullgraph=True, backend=backend), graphs
+
+
+@pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
+                    'helpers needs torch >= 2.6 (see mmvitswin.core.compat)')
+def test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant():
+    """Under torch.compile(dynamic=True) a window clamped to its input (the video Swin's small
+    maps) is that input's size: one window along the dim and no padding, as in eager, not
+    ``(2s - 1) // s`` (nested floor divisions that took Dynamo minutes to reason about); and
+    deciding so adds no guard: a second size reuses the graph."""
     def f(x):
         (win, ), _ = effective_window((x.shape[1], ), (64, ), (32, ))
         padded = padded_size(x.shape[1], win)
         return x.new_zeros(ceil_div(x.shape[1], win), cells_of(padded, win)), x.new_zeros(padded)
 
-    compiled = torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
+    compiled, graphs = _compiled_with_graphs(f)
     for size in (37, 53):
         with torch._dynamo.config.patch(error_on_recompile=size == 53):
             cells, padded = compiled(torch.randn(2, size))
@@ -78,14 +84,6 @@ def test_traced_window_count_is_a_product_of_the_grid():
     ViTDet window of 3 over the 3 token rows of a 45-pixel-high image): not the division
     ``(B * L) // 9`` of the gathered length, which the shape reasoning cannot simplify and then
     carries, at a cost, through every later shape of the block."""
-    import torch._dynamo
-    torch._dynamo.reset()
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
     def f(x):
         b, h, w, _ = x.shape
         grid = ((h + 15) // 16, (w + 15) // 16)
@@ -93,7 +91,7 @@ def test_traced_window_count_is_a_product_of_the_grid():
         windows = partition_windows(x[:, :grid[0], :grid[1]], plan)
         return windows, x.new_zeros(b * ceil_div(grid[0], 3) * ceil_div(grid[1], 3))
 
-    compiled = torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
+    compiled, graphs = _compiled_with_graphs(f)
     for size in ((45, 77), (37, 69)):
         x = torch.randn(2, *size, 4)
         with torch._dynamo.config.patch(error_on_recompile=size == (37, 69)):
