@@ -115,7 +115,10 @@ class CosineWindowAttention(WindowAttention):
         v = v.squeeze(0)
         scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()  # (heads, 1, 1)
         q = (q.unflatten(1, (nw, self.num_heads)) * scale).flatten(1, 2)
-        bias = self.position_bias(windows.shape[1])
+        # 16 sigmoid(.) - 8 rather than 16 sigmoid(.): the same attention (softmax cancels a
+        # constant), and a bias centred on 0 rounds to bf16 with half the error
+        table = continuous_position_bias(self.cpb_mlp, self.relative_coords_table) - 8.
+        bias = self.gather_bias(table, windows.shape[1])
         if mask is not None:
             bias = bias + mask[:, None]
         return self.attend(q.to(v.dtype), k.to(v.dtype), v,
