@@ -36,7 +36,6 @@ def test_shift_mask_equals_the_loop_built_reference(padded, window, shift):
     assert torch.equal(plan.mask, loop_shift_mask(padded, window, shift))
 
 
-@pytest.mark.slow(reason='torch.compile (Dynamo) at two sizes')
 def _compiled_with_graphs(f):
     """``f`` under ``torch.compile(dynamic=True, fullgraph=True)`` (Dynamo reset first) and the
     list that collects the FX graphs it captures."""
@@ -51,6 +50,7 @@ def _compiled_with_graphs(f):
     return torch.compile(f, dynamic=True, fullgraph=True, backend=backend), graphs
 
 
+@pytest.mark.slow(reason='torch.compile (Dynamo) at two sizes')
 @pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
                     'helpers needs torch >= 2.6 (see mmvitswin.core.compat)')
 def test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant():
@@ -76,6 +76,7 @@ def test_a_window_clamped_to_a_traced_size_keeps_the_size_arithmetic_constant():
     assert str(padded.shape[0]) == str(size)
 
 
+@pytest.mark.slow(reason='torch.compile (Dynamo) at two sizes')
 @pytest.mark.skipif(not COMPILE_DYNAMIC_OK, reason='torch.compile(dynamic=True) of these '
                     'helpers needs torch >= 2.6 (see mmvitswin.core.compat)')
 def test_traced_window_count_is_a_product_of_the_grid():
