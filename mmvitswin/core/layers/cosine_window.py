@@ -102,9 +102,11 @@ class CosineWindowAttention(WindowAttention):
         return torch.cat([self.q_bias, torch.zeros_like(self.v_bias), self.v_bias])
 
     def position_bias(self, n: int) -> torch.Tensor:
-        """The continuous position bias ``(heads, n, n)``, at least fp32."""
-        return self.gather_bias(continuous_position_bias(self.cpb_mlp, self.relative_coords_table),
-                                n)
+        """The continuous position bias ``(heads, n, n)`` as the attention adds it, at least
+        fp32: ``16 sigmoid(.) - 8`` rather than ``16 sigmoid(.)``, the same attention (softmax
+        cancels a constant), and a bias centred on 0 rounds to bf16 with half the error."""
+        table = continuous_position_bias(self.cpb_mlp, self.relative_coords_table) - 8.
+        return self.gather_bias(table, n)
 
     def attend_windows(self, windows: torch.Tensor, mask: Optional[torch.Tensor]):
         nw = 1 if mask is None else mask.shape[0]
@@ -115,10 +117,7 @@ class CosineWindowAttention(WindowAttention):
         v = v.squeeze(0)
         scale = self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()  # (heads, 1, 1)
         q = (q.unflatten(1, (nw, self.num_heads)) * scale).flatten(1, 2)
-        # 16 sigmoid(.) - 8 rather than 16 sigmoid(.): the same attention (softmax cancels a
-        # constant), and a bias centred on 0 rounds to bf16 with half the error
-        table = continuous_position_bias(self.cpb_mlp, self.relative_coords_table) - 8.
-        bias = self.gather_bias(table, windows.shape[1])
+        bias = self.position_bias(windows.shape[1])
         if mask is not None:
             bias = bias + mask[:, None]
         return self.attend(q.to(v.dtype), k.to(v.dtype), v,
